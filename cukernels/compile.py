@@ -1,0 +1,210 @@
+"""The one place that builds kernels.
+
+``kernel(source, name_expression)`` compiles a templated ``.cu`` file with NVRTC through ``cupy.RawModule``
+for the current device (``-arch=sm_90a`` on Hopper) and returns a launchable ``Kernel``, cached per
+(device, source tree, options, name expression). ``compile_offline`` compiles the same source for a named arch
+with no GPU at all and returns the ptxas resource report (registers, spills, static shared memory, stack):
+that is how CI proves every planned variant builds, without spills, for every profile's architecture.
+"""
+from __future__ import annotations
+
+import dataclasses
+import functools
+import hashlib
+import os
+import re
+import threading
+from pathlib import Path
+from typing import Iterable, Sequence
+
+from . import device as _device
+
+_BASE_OPTIONS = ("-std=c++17",)
+_DEFAULT_DYNAMIC_SMEM = 48 * 1024
+
+
+class CompileError(RuntimeError):
+    def __init__(self, source: Path, name_expressions: Sequence[str], options: Sequence[str], log: str):
+        self.source, self.name_expressions, self.options, self.log = source, tuple(name_expressions), tuple(options), log
+        super().__init__(
+            f"NVRTC failed to compile {Path(source).name} for {', '.join(name_expressions)}\n"
+            f"options: {' '.join(options)}\n--- NVRTC log ---\n{log.strip()}"
+        )
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class Resources:
+    """ptxas' report for one kernel instance."""
+
+    name_expression: str
+    arch: str
+    registers: int
+    spill_store_bytes: int
+    spill_load_bytes: int
+    stack_bytes: int
+    static_smem_bytes: int
+
+    @property
+    def spills(self) -> int:
+        return self.spill_store_bytes + self.spill_load_bytes
+
+
+# ---------------------------------------------------------------- sources and include paths
+
+
+@functools.cache
+def toolkit_include_dirs() -> tuple[str, ...]:
+    """CUDA headers of the installed toolkit wheels (``cupy-cuda13x[ctk]``) or of a CUDA_PATH install."""
+    found = []
+    try:
+        import nvidia  # namespace package of the NVIDIA wheels
+
+        for root in nvidia.__path__:
+            for candidate in sorted(Path(root).glob("*/include")):
+                if (candidate / "cuda_fp16.h").exists() or (candidate / "cuda_runtime.h").exists():
+                    found.append(str(candidate))
+    except ImportError:
+        pass
+    for env in ("CUDA_PATH", "CUDA_HOME"):
+        base = os.environ.get(env)
+        if base and (Path(base) / "include" / "cuda_fp16.h").exists():
+            found.append(str(Path(base) / "include"))
+    if not found and Path("/usr/local/cuda/include/cuda_fp16.h").exists():
+        found.append("/usr/local/cuda/include")
+    return tuple(dict.fromkeys(found))
+
+
+def _tree_digest(source: Path) -> str:
+    """Digest of the source and every header beside it: CuPy's disk cache keys on the top file only."""
+    h = hashlib.sha256()
+    for path in sorted(source.parent.glob("*.cu*")):
+        h.update(path.name.encode())
+        h.update(path.read_bytes())
+    return h.hexdigest()[:16]
+
+
+def _options(source: Path, arch: str, options: Iterable[str]) -> tuple[str, ...]:
+    opts = list(_BASE_OPTIONS) + [f"-arch={arch}", f"-I{source.parent}"]
+    opts += [f"-I{d}" for d in toolkit_include_dirs()]
+    opts.append(f"-DCUKERNELS_SOURCE_DIGEST=0x{_tree_digest(source)}")
+    opts += list(options)
+    return tuple(opts)
+
+
+# ---------------------------------------------------------------- on a GPU
+
+
+class Kernel:
+    """A compiled kernel instance; ``launch`` checks the dynamic shared memory against the device first."""
+
+    def __init__(self, raw, name_expression: str, spec: _device.DeviceSpec):
+        self._raw = raw
+        self.name_expression = name_expression
+        self.spec = spec
+        self._smem_raised_to = _DEFAULT_DYNAMIC_SMEM
+        self._lock = threading.Lock()
+
+    @property
+    def registers(self) -> int:
+        return int(self._raw.num_regs)
+
+    def launch(self, grid, block, args, *, smem: int = 0, stream=None) -> None:
+        if smem > self.spec.smem_per_block_optin:
+            raise ValueError(
+                f"{self.name_expression}: {smem} bytes of dynamic shared memory requested, the device allows "
+                f"{self.spec.smem_per_block_optin} per block"
+            )
+        if smem > self._smem_raised_to:
+            with self._lock:
+                self._raw.max_dynamic_shared_size_bytes = smem
+                self._smem_raised_to = smem
+        self._raw(tuple(grid), tuple(block), tuple(args), shared_mem=smem, stream=stream)
+
+
+_cache: dict[tuple, Kernel] = {}
+_cache_lock = threading.Lock()
+
+
+def kernel(source: Path | str, name_expression: str, *, options: Sequence[str] = ()) -> Kernel:
+    """Compile (once per device/source tree/options) and return the kernel ``name_expression`` of ``source``."""
+    import cupy
+
+    source = Path(source)
+    spec = _device.current()
+    text = source.read_text()
+    opts = _options(source, spec.arch, options)
+    key = (cupy.cuda.Device().id, str(source), opts, name_expression)
+    with _cache_lock:
+        hit = _cache.get(key)
+    if hit is not None:
+        return hit
+    try:
+        module = cupy.RawModule(code=text, options=opts, name_expressions=[name_expression], backend="nvrtc")
+        raw = module.get_function(name_expression)
+    except cupy.cuda.compiler.CompileException as exc:
+        raise CompileError(source, [name_expression], opts, str(exc)) from exc
+    built = Kernel(raw, name_expression, spec)
+    with _cache_lock:
+        _cache[key] = built
+    return built
+
+
+# ---------------------------------------------------------------- offline (no GPU)
+
+_ENTRY = re.compile(r"Compiling entry function '([^']+)' for '([^']+)'")
+_PROPS = re.compile(r"(\d+) bytes stack frame, (\d+) bytes spill stores, (\d+) bytes spill loads")
+_USED = re.compile(r"Used (\d+) registers")
+_SMEM = re.compile(r"(\d+) bytes smem")
+
+
+def _parse_ptxas(log: str) -> dict[str, dict[str, int]]:
+    out: dict[str, dict[str, int]] = {}
+    current = None
+    for line in log.splitlines():
+        if m := _ENTRY.search(line):
+            current = out.setdefault(m.group(1), {"stack": 0, "spill_st": 0, "spill_ld": 0, "regs": 0, "smem": 0})
+        elif current is not None and (m := _PROPS.search(line)):
+            current["stack"], current["spill_st"], current["spill_ld"] = map(int, m.groups())
+        elif current is not None and (m := _USED.search(line)):
+            current["regs"] = int(m.group(1))
+            if s := _SMEM.search(line):
+                current["smem"] = int(s.group(1))
+    return out
+
+
+def compile_offline(
+    source: Path | str, name_expressions: Sequence[str], arch: str, *, options: Sequence[str] = ()
+) -> dict[str, Resources]:
+    """Compile for ``arch`` (e.g. ``sm_80``, ``sm_90a``) with no GPU; return ptxas resources per name expression."""
+    from cupy_backends.cuda.libs import nvrtc
+
+    source = Path(source)
+    opts = _options(source, arch, options) + ("--ptxas-options=-v",)
+    prog = nvrtc.createProgram(source.read_text(), source.name, [], [])
+    try:
+        for expr in name_expressions:
+            nvrtc.addNameExpression(prog, expr)
+        try:
+            nvrtc.compileProgram(prog, list(opts))
+        except nvrtc.NVRTCError as exc:
+            raise CompileError(source, name_expressions, opts, nvrtc.getProgramLog(prog) or str(exc)) from exc
+        log = nvrtc.getProgramLog(prog)
+        parsed = _parse_ptxas(log)
+        result = {}
+        for expr in name_expressions:
+            lowered = nvrtc.getLoweredName(prog, expr)
+            if lowered not in parsed:
+                raise CompileError(source, [expr], opts, f"no ptxas report for {lowered}\n{log}")
+            r = parsed[lowered]
+            result[expr] = Resources(
+                name_expression=expr,
+                arch=arch,
+                registers=r["regs"],
+                spill_store_bytes=r["spill_st"],
+                spill_load_bytes=r["spill_ld"],
+                stack_bytes=r["stack"],
+                static_smem_bytes=r["smem"],
+            )
+        return result
+    finally:
+        nvrtc.destroyProgram(prog)

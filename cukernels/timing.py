@@ -1,0 +1,146 @@
+"""The one timer.
+
+CUDA events around the work only; a warm-up first (module load, compilation, allocator warm-up stay out);
+the L2 cache flushed between samples by a memset of twice the device's L2 size, outside the timed region;
+the median with its p20–p80 spread; stop when the relative noise is under target or the time budget is spent.
+NVML clock and throttle-reason samples taken during the run are attached to the result, so a throttled
+measurement is visible as such.
+
+Relative noise is half the p20–p80 spread over the median (for a normal distribution about 0.42 sigma/median).
+"""
+from __future__ import annotations
+
+import dataclasses
+import functools
+import time
+from typing import Callable
+
+import numpy as np
+
+from . import device as _device
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class Timing:
+    median_ms: float
+    p20_ms: float
+    p80_ms: float
+    min_ms: float
+    rel_noise: float
+    samples: int
+    converged: bool
+    clocks: dict
+
+    @property
+    def throttled(self) -> bool:
+        return bool(self.clocks.get("throttled", False))
+
+    def __str__(self) -> str:
+        return f"{self.median_ms:.4f} ms ±{100 * self.rel_noise:.1f}% (n={self.samples})"
+
+
+def summarize(samples_ms, *, converged: bool = True, clocks: dict | None = None) -> Timing:
+    """Statistics of a list of per-sample times (ms)."""
+    arr = np.asarray(samples_ms, dtype=np.float64)
+    if arr.size == 0:
+        raise ValueError("summarize needs at least one sample")
+    med = float(np.median(arr))
+    p20, p80 = (float(v) for v in np.percentile(arr, [20, 80]))
+    noise = (p80 - p20) / (2 * med) if med > 0 else 0.0
+    return Timing(
+        median_ms=med,
+        p20_ms=p20,
+        p80_ms=p80,
+        min_ms=float(arr.min()),
+        rel_noise=noise,
+        samples=int(arr.size),
+        converged=converged,
+        clocks=clocks or {},
+    )
+
+
+@functools.cache
+def _flush_buffer(device_id: int, nbytes: int):
+    import cupy
+
+    with cupy.cuda.Device(device_id):
+        return cupy.empty(nbytes, dtype=cupy.uint8)
+
+
+def flush_l2() -> None:
+    """Evict the L2 cache: write a buffer twice its size (sized from the live device)."""
+    import cupy
+
+    spec = _device.current()
+    buf = _flush_buffer(cupy.cuda.Device().id, 2 * spec.l2_bytes)
+    buf.fill(0)
+
+
+def _clock_summary(readings: list[dict]) -> dict:
+    clocks = [r["sm_clock_mhz"] for r in readings if "sm_clock_mhz" in r]
+    reasons = sorted({x for r in readings for x in r.get("throttle_reasons", [])})
+    out: dict = {"throttle_reasons": reasons, "throttled": bool(set(reasons) & _device.SLOWDOWN_REASONS)}
+    if clocks:
+        out.update(sm_clock_min_mhz=min(clocks), sm_clock_max_mhz=max(clocks))
+    temps = [r["temperature_c"] for r in readings if "temperature_c" in r]
+    if temps:
+        out["temperature_max_c"] = max(temps)
+    power = [r["power_w"] for r in readings if "power_w" in r]
+    if power:
+        out["power_max_w"] = max(power)
+    return out
+
+
+def benchmark(
+    fn: Callable[[], object],
+    *,
+    warmup_ms: float = 25.0,
+    budget_ms: float = 500.0,
+    min_samples: int = 10,
+    max_samples: int = 500,
+    rel_noise_target: float = 0.01,
+    flush_l2: bool = True,
+) -> Timing:
+    """Time ``fn`` (which enqueues GPU work on the current stream) with CUDA events."""
+    import cupy
+
+    if min_samples < 1 or max_samples < min_samples:
+        raise ValueError(f"need 1 <= min_samples <= max_samples, got {min_samples}, {max_samples}")
+    dev_id = cupy.cuda.Device().id
+    stream = cupy.cuda.get_current_stream()
+    flush = globals()["flush_l2"] if flush_l2 else (lambda: None)
+
+    # warm-up: at least one call, then until warmup_ms of wall time
+    t0 = time.perf_counter()
+    fn()
+    stream.synchronize()
+    while (time.perf_counter() - t0) * 1e3 < warmup_ms:
+        fn()
+        stream.synchronize()
+
+    readings = [_device.nvml_sample(dev_id)]
+    samples: list[float] = []
+    converged = False
+    start_wall = time.perf_counter()
+    batch = min_samples
+    while len(samples) < max_samples:
+        pairs = []
+        for _ in range(min(batch, max_samples - len(samples))):
+            flush()
+            start, end = cupy.cuda.Event(), cupy.cuda.Event()
+            start.record(stream)
+            fn()
+            end.record(stream)
+            pairs.append((start, end))
+        readings.append(_device.nvml_sample(dev_id))  # sampled while the batch runs
+        end.synchronize()
+        samples.extend(cupy.cuda.get_elapsed_time(s, e) for s, e in pairs)
+        stats = summarize(samples)
+        if len(samples) >= min_samples and stats.rel_noise <= rel_noise_target:
+            converged = True
+            break
+        if (time.perf_counter() - start_wall) * 1e3 >= budget_ms:
+            break
+        batch = max(min_samples, len(samples) // 2)
+    readings.append(_device.nvml_sample(dev_id))
+    return summarize(samples, converged=converged, clocks=_clock_summary(readings))

@@ -1,0 +1,244 @@
+"""Engine checks that need no GPU: profiles, planner, offline compilation, checks, timing statistics, reports."""
+import dataclasses
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from cukernels import bench, checks, compile, device, dtypes, report, tiling, timing
+
+AXPY = Path(__file__).parent / "kernels" / "axpy.cu"
+REQUIRED_PROFILES = {"h200", "h100_sxm", "a100_80gb", "a100_40gb", "a10", "l4", "rtx4090", "gb10", "t4"}
+OPTIN = {"h200": 232448, "h100_sxm": 232448, "a100_80gb": 166912, "a100_40gb": 166912, "a10": 101376,
+         "l4": 101376, "rtx4090": 101376, "gb10": 101376, "t4": 65536}
+
+
+# ---------------------------------------------------------------- profiles
+
+
+def test_required_profiles_exist():
+    assert REQUIRED_PROFILES <= set(device.profile_names())
+
+
+@pytest.mark.parametrize("name", sorted(REQUIRED_PROFILES))
+def test_profile_limits_and_sources(name):
+    spec = device.profile(name)
+    assert spec.smem_per_block_optin == OPTIN[name]
+    assert spec.smem_per_block <= spec.smem_per_block_optin <= spec.smem_per_sm
+    assert spec.sm_count > 0 and spec.l2_bytes > 0 and spec.regs_per_sm >= spec.regs_per_block > 0
+    assert spec.max_threads_per_block <= spec.max_threads_per_sm
+    assert spec.peaks is not None and spec.peaks.mem_bandwidth_gbs > 0 and spec.peaks.fp16_tflops > 0
+    for key in list(spec.limits()) + [f.name for f in dataclasses.fields(spec.peaks)]:
+        assert spec.sources.get(key), f"profile {name}: {key} has no source"
+
+
+def test_hopper_compiles_for_sm90a():
+    assert device.profile("h200").arch == "sm_90a"
+    assert device.profile("a100_80gb").arch == "sm_80"
+    assert device.arch_for((8, 9)) == "sm_89"
+
+
+@pytest.mark.parametrize("nvml_name,key", [("NVIDIA H200", "h200"), ("NVIDIA A100-SXM4-80GB", "a100_80gb"),
+                                           ("NVIDIA A100-SXM4-40GB", "a100_40gb"), ("Tesla T4", "t4"),
+                                           ("NVIDIA GeForce RTX 4090", "rtx4090"), ("NVIDIA L4", "l4"),
+                                           ("NVIDIA A10", "a10"), ("NVIDIA H100 80GB HBM3", "h100_sxm"),
+                                           ("NVIDIA GB10", "gb10")])
+def test_nvml_names_match_profiles(nvml_name, key):
+    assert device.match_profile(nvml_name) == key
+
+
+def test_unknown_profile_lists_known_ones():
+    with pytest.raises(device.UnknownProfileError, match="h200"):
+        device.profile("h300")
+
+
+def _cli(*args):
+    return subprocess.run([sys.executable, "-m", "cukernels", *args], capture_output=True, text=True, timeout=60)
+
+
+def test_cli_profile_prints_limits():
+    out = _cli("--profile", "h200")
+    assert out.returncode == 0, out.stderr
+    assert "232,448" in out.stdout and "sm_90a" in out.stdout
+
+
+def test_cli_unknown_profile_is_a_clear_error():
+    out = _cli("--profile", "nope")
+    assert out.returncode == 2 and "known profiles" in out.stderr and "gb10" in out.stderr
+
+
+# ---------------------------------------------------------------- planner
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class _Tile:
+    rows: int
+    cols: int
+    threads: int = 128
+
+    def smem_bytes(self) -> int:
+        return self.rows * self.cols * 2 * 2
+
+    def name_expression(self, **kw) -> str:
+        return f"k<{self.rows},{self.cols}>"
+
+
+CANDIDATES = [_Tile(rows=r, cols=c) for r in (256, 128, 64, 32, 16) for c in (256, 128, 64)]
+
+
+@pytest.mark.parametrize("spec", device.all_profiles(), ids=lambda s: s.key)
+def test_planner_never_exceeds_the_limit(spec):
+    plan = tiling.choose(CANDIDATES, spec, reason="largest tile that fits")
+    assert plan.smem_bytes <= spec.smem_per_block_optin == plan.limit
+    assert isinstance(plan.config, tiling.TileConfig)
+    # the first that fits: every earlier candidate was too big
+    for earlier in CANDIDATES[: CANDIDATES.index(plan.config)]:
+        assert tiling.fits(earlier, spec) is not None
+    assert "smem" in str(plan)
+
+
+def test_planner_raises_when_nothing_fits():
+    with pytest.raises(tiling.PlanError, match="no tile config fits"):
+        tiling.choose([_Tile(rows=1024, cols=1024)], device.profile("t4"), reason="x")
+
+
+def test_profile_override_is_validated():
+    spec = dataclasses.replace(device.profile("gb10"), overrides={"op": {"rows": 256, "cols": 256}})
+    with pytest.raises(tiling.PlanError, match="does not fit"):
+        tiling.override(spec, "op", lambda d: _Tile(**d))
+    ok = dataclasses.replace(spec, overrides={"op": {"rows": 64, "cols": 64}})
+    plan = tiling.override(ok, "op", lambda d: _Tile(**d))
+    assert plan.source == "profile override" and plan.config == _Tile(rows=64, cols=64)
+    assert tiling.override(spec, "other", lambda d: _Tile(**d)) is None
+    bad = dataclasses.replace(spec, overrides={"op": {"rows": 64, "colz": 64}})
+    with pytest.raises(tiling.PlanError, match="invalid"):
+        tiling.override(bad, "op", lambda d: _Tile(**d))
+
+
+# ---------------------------------------------------------------- offline compilation
+
+
+@pytest.mark.parametrize("arch", ["sm_80", "sm_86", "sm_89", "sm_90a"])
+def test_offline_compile_reports_resources(arch):
+    exprs = ["axpy<__nv_bfloat16, 4>", "axpy<__half, 8>"]
+    res = compile.compile_offline(AXPY, exprs, arch)
+    assert set(res) == set(exprs)
+    for r in res.values():
+        assert r.arch == arch and 0 < r.registers <= 255
+        assert r.spills == 0 and r.stack_bytes == 0 and r.static_smem_bytes == 0
+
+
+def test_offline_compile_error_carries_log_and_options(tmp_path):
+    bad = tmp_path / "bad.cu"
+    bad.write_text("template <int N> __global__ void k(float* p) { p[0] = undeclared_name; }\n")
+    with pytest.raises(compile.CompileError) as err:
+        compile.compile_offline(bad, ["k<1>"], "sm_80")
+    msg = str(err.value)
+    assert "undeclared_name" in msg and "-arch=sm_80" in msg and "k<1>" in msg
+
+
+def test_ptxas_parser():
+    log = """ptxas info    : Compiling entry function '_Z1kv' for 'sm_90a'
+ptxas info    : Function properties for _Z1kv
+ptxas         .     8 bytes stack frame, 4 bytes spill stores, 12 bytes spill loads
+ptxas info    : Used 96 registers, used 1 barriers, 2048 bytes smem"""
+    assert compile._parse_ptxas(log)["_Z1kv"] == {"stack": 8, "spill_st": 4, "spill_ld": 12, "regs": 96, "smem": 2048}
+
+
+# ---------------------------------------------------------------- dtypes and checks
+
+
+def test_bf16_round_trip_and_rounding():
+    x = np.array([1.0, -2.5, 3.14159, 1e-3, np.inf, 65504.0], dtype=np.float32)
+    bits = dtypes.to_bf16(x)
+    assert bits.dtype == np.uint16
+    back = dtypes.bf16_to_float32(bits)
+    assert np.all(np.abs(back[np.isfinite(x)] - x[np.isfinite(x)]) <= np.abs(x[np.isfinite(x)]) * 2**-8)
+    assert np.isinf(back[4])
+    # round to nearest even: 1 + 2^-8 is a tie between 1 and 1 + 2^-7
+    assert dtypes.bf16_to_float32(dtypes.to_bf16(np.float32([1 + 2**-8])))[0] == 1.0
+    assert np.isnan(dtypes.bf16_to_float32(dtypes.to_bf16(np.float32([np.nan])))[0])
+
+
+def test_dtype_names():
+    assert dtypes.ctype(np.uint16) == "__nv_bfloat16" and dtypes.ctype(np.float16) == "__half"
+    assert dtypes.from_name("bf16") == np.uint16
+    with pytest.raises(TypeError, match="unsupported"):
+        dtypes.ctype(np.int8)
+
+
+def test_poison_marks_every_element():
+    a = np.zeros(5, np.float32)
+    b = np.zeros(5, np.uint16)
+    c = np.zeros(5, np.int32)
+    checks.poison(a), checks.poison(b), checks.poison(c)
+    assert np.isnan(a).all() and np.isnan(dtypes.bf16_to_float32(b)).all() and checks.count_poison(c) == 5
+
+
+def test_compare_detects_unwritten_and_wrong_values():
+    ref = np.linspace(-1, 1, 100)
+    tol = checks.TOLERANCES["fp16"]
+    assert checks.compare(ref.astype(np.float16), ref, tol=tol).passed
+    unwritten = ref.astype(np.float32)
+    unwritten[7] = np.nan
+    r = checks.compare(unwritten, ref, tol=tol)
+    assert not r.passed and r.nonfinite == 1
+    wrong = ref.copy()
+    wrong[3] += 0.1
+    r = checks.compare(wrong, ref, tol=tol)
+    assert not r.passed and "(3,)" in r.reason
+    with pytest.raises(AssertionError):
+        r.raise_if_failed()
+
+
+def test_compare_against_naive_low_precision():
+    rng = np.random.default_rng(0)
+    ref = rng.standard_normal(1000)
+    naive = dtypes.bf16_to_float32(dtypes.to_bf16(ref))  # rounding alone
+    tol = checks.TOLERANCES["bf16"]
+    assert checks.compare(naive, ref, tol=tol, naive=naive).passed
+    assert not checks.compare(naive + 0.2, ref, tol=tol, naive=naive).passed
+
+
+def test_compare_treats_equal_infinities_as_exact():
+    ref = np.array([-np.inf, 0.5])
+    assert checks.compare(np.array([-np.inf, 0.5], np.float32), ref, tol=checks.TOLERANCES["fp32"]).passed
+    assert not checks.compare(np.array([0.0, 0.5], np.float32), ref, tol=checks.TOLERANCES["fp32"]).passed
+
+
+# ---------------------------------------------------------------- timing statistics and reports
+
+
+def test_timing_summary_statistics():
+    samples = [1.0] * 18 + [1.1, 5.0]  # outliers move neither the median nor the p20-p80 spread
+    t = timing.summarize(samples)
+    assert t.median_ms == 1.0 and t.min_ms == 1.0 and t.samples == 20
+    assert t.p20_ms == 1.0 and t.p80_ms == pytest.approx(1.0)
+    assert t.rel_noise < 0.01
+    noisy = timing.summarize(np.linspace(1.0, 2.0, 11))
+    assert noisy.rel_noise == pytest.approx((noisy.p80_ms - noisy.p20_ms) / (2 * noisy.median_ms))
+    with pytest.raises(ValueError):
+        timing.summarize([])
+
+
+def _result(**kw):
+    base = dict(case="c", impl="ours", params={}, tags=[], baseline=False, status="ok", median_ms=1.0, p20_ms=0.99,
+                p80_ms=1.01, rel_noise=0.01, samples=10, tflops=300.0, gbs=None, pct_peak=30.0,
+                checks=[{"max_abs": 1e-3, "max_rel": 1e-2, "passed": True}], peak_memory_bytes=2**20)
+    base.update(kw)
+    return bench.Result(**base)
+
+
+def test_rank_and_table():
+    rows = [_result(), _result(impl="torch-flash", baseline=True, median_ms=1.5),
+            _result(impl="naive", baseline=True, median_ms=4.0),
+            _result(impl="broken", status="failed-check", reason="out: FAIL", median_ms=None)]
+    bench._rank(rows)
+    assert rows[0].speedup_vs_best_baseline == pytest.approx(1.5) and rows[0].best_baseline == "torch-flash"
+    assert rows[3].speedup_vs_best_baseline is None
+    text = report.table(rows)
+    assert "| c " in text and "1.50 (torch-flash)" in text and "failed-check" in text
+    doc = report.to_json(rows, {"gpu": None})
+    assert '"torch-flash"' in doc

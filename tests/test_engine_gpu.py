@@ -1,0 +1,69 @@
+"""Engine on a real GPU: a kernel built through the compile path, launched, checked and timed; the copy ceiling."""
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from cukernels import bandwidth, checks, compile, device, dtypes, timing
+
+pytestmark = pytest.mark.gpu
+AXPY = Path(__file__).parent / "kernels" / "axpy.cu"
+
+
+def test_live_spec_is_queried_and_matched():
+    import cupy
+
+    spec = device.current()
+    attrs = cupy.cuda.Device().attributes
+    assert spec.source == "live"
+    assert spec.smem_per_block_optin == attrs["MaxSharedMemoryPerBlockOptin"]
+    assert spec.sm_count == attrs["MultiProcessorCount"] and spec.l2_bytes == attrs["L2CacheSize"]
+    if spec.key is not None:  # a known GPU: the profile's limits agree with the driver's
+        prof = device.profile(spec.key)
+        assert prof.smem_per_block_optin == spec.smem_per_block_optin
+        assert prof.sm_count == spec.sm_count
+
+
+@pytest.mark.parametrize("dtype", [np.float16, dtypes.BF16, np.float32])
+def test_kernel_built_launched_checked_timed(dtype):
+    import cupy
+
+    spec = device.current()
+    n, items, threads = 1 << 22, 4, 256
+    x = dtypes.random((n,), dtype, seed=1)
+    y0 = dtypes.random((n,), dtype, seed=2)
+    y = y0.copy()
+    kern = compile.kernel(AXPY, f"axpy<{dtypes.ctype(dtype)}, {items}>")
+    smem = min(64 * 1024, spec.smem_per_block_optin)  # above the 48 KB default: the engine must raise the limit
+    grid = (-(-n // (threads * items)),)
+    kern.launch(grid, (threads,), (x, y, np.float32(0.5), np.int32(n)), smem=smem)
+    ref = 0.5 * dtypes.to_float32(x).astype(cupy.float64) + dtypes.to_float32(y0).astype(cupy.float64)
+    checks.compare(y, ref, tol=checks.TOLERANCES[dtypes.dtype_name(dtype)]).raise_if_failed()
+    t = timing.benchmark(lambda: kern.launch(grid, (threads,), (x, y, np.float32(0.5), np.int32(n)), smem=smem),
+                         budget_ms=200)
+    assert 0 < t.p20_ms <= t.median_ms <= t.p80_ms and t.samples >= 10
+    assert "throttle_reasons" in t.clocks
+
+
+def test_launch_refuses_more_shared_memory_than_the_device_has():
+    spec = device.current()
+    kern = compile.kernel(AXPY, "axpy<float, 1>")
+    with pytest.raises(ValueError, match="allows"):
+        kern.launch((1,), (32,), (), smem=spec.smem_per_block_optin + 1)
+
+
+def test_poison_pool_reaches_fresh_allocations():
+    import cupy
+
+    checks.poison_pool(1 << 20)
+    fresh = cupy.empty(1000, dtype=cupy.float32)
+    assert bool(cupy.isnan(fresh).all())
+
+
+def test_copy_bandwidth_near_the_datasheet():
+    spec = device.current()
+    result = bandwidth.measure_copy(1 << 30)
+    assert result.correct
+    print(f"copy: {result.tb_per_s:.2f} TB/s, {result.timing}")
+    if spec.peaks is not None:
+        assert result.tb_per_s * 1e3 >= 0.75 * spec.peaks.mem_bandwidth_gbs
