@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import re
 import tomllib
 from importlib import resources
 from types import MappingProxyType
@@ -141,12 +142,12 @@ def all_profiles() -> list[DeviceSpec]:
 
 
 def match_profile(device_name: str) -> str | None:
-    """Profile key whose NVML name patterns occur in ``device_name`` (case-insensitive); longest pattern wins."""
-    lowered = device_name.lower()
+    """Profile key whose NVML name pattern occurs in ``device_name`` as whole words (case-insensitive, so "L4"
+    does not match "L40S" nor "A10" match "A10G"); the longest matching pattern wins."""
     best, best_len = None, 0
     for key, doc in _profile_docs().items():
         for pattern in doc.get("nvml_patterns", []):
-            if pattern.lower() in lowered and len(pattern) > best_len:
+            if re.search(rf"(?<![\w-]){re.escape(pattern)}(?![\w-])", device_name, re.IGNORECASE) and len(pattern) > best_len:
                 best, best_len = key, len(pattern)
     return best
 

@@ -81,3 +81,110 @@ def environment_markdown(env: dict) -> str:
         f"- Revision {env.get('git_revision')}, measured {env.get('date')}",
     ]
     return "\n".join(lines)
+
+
+def plots(results: Sequence[Result], cases: dict, out_dir: Path) -> list[Path]:
+    """PNG plots (matplotlib): throughput per case and implementation, speedup over the best baseline, and
+    throughput against sequence length when the cases vary it. Returns the files written ([] without matplotlib)."""
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        print("note: --plot needs matplotlib (pip install 'cukernels[plot]'); no plots written")
+        return []
+    out_dir.mkdir(parents=True, exist_ok=True)
+    ok = [r for r in results if r.ok]
+    case_names = list(dict.fromkeys(r.case for r in ok))
+    impl_names = list(dict.fromkeys(r.impl for r in ok))
+    written = []
+    metric, label = ("tflops", "TFLOP/s") if any(r.tflops for r in ok) else ("gbs", "GB/s")
+
+    fig, ax = plt.subplots(figsize=(max(6, 1.2 * len(case_names)), 4))
+    width = 0.8 / max(1, len(impl_names))
+    for k, impl in enumerate(impl_names):
+        vals = [next((getattr(r, metric) or 0 for r in ok if r.case == c and r.impl == impl), 0) for c in case_names]
+        ax.bar([i + k * width for i in range(len(case_names))], vals, width, label=impl)
+    ax.set_xticks([i + 0.4 - width / 2 for i in range(len(case_names))], case_names, rotation=30, ha="right")
+    ax.set_ylabel(label)
+    ax.legend()
+    ax.set_title(f"{label} by case")
+    fig.tight_layout()
+    written.append(out_dir / f"{metric}_by_case.png")
+    fig.savefig(written[-1], dpi=110)
+    plt.close(fig)
+
+    ours = [r for r in ok if not r.baseline and r.speedup_vs_best_baseline]
+    if ours:
+        fig, ax = plt.subplots(figsize=(max(6, 1.0 * len(ours)), 4))
+        ax.bar([f"{r.case}\n{r.impl}" for r in ours], [r.speedup_vs_best_baseline for r in ours])
+        ax.axhline(1.0, color="k", lw=0.8)
+        ax.set_ylabel("speedup over the best baseline (x)")
+        ax.tick_params(axis="x", labelsize=7)
+        fig.tight_layout()
+        written.append(out_dir / "speedup.png")
+        fig.savefig(written[-1], dpi=110)
+        plt.close(fig)
+
+    seqs = {c: cases[c].params.get("seq") or cases[c].params.get("seq_q") for c in case_names if c in cases}
+    if len({v for v in seqs.values() if v}) > 2:
+        fig, ax = plt.subplots(figsize=(6, 4))
+        for impl in impl_names:
+            pts = sorted((seqs[r.case], getattr(r, metric)) for r in ok if r.impl == impl and seqs.get(r.case))
+            if pts:
+                ax.plot([p[0] for p in pts], [p[1] for p in pts], marker="o", label=impl)
+        ax.set_xscale("log", base=2)
+        ax.set_xlabel("sequence length")
+        ax.set_ylabel(label)
+        ax.legend()
+        fig.tight_layout()
+        written.append(out_dir / f"{metric}_vs_seq.png")
+        fig.savefig(written[-1], dpi=110)
+        plt.close(fig)
+    return written
+
+
+def markdown(results: Sequence[Result], scores: Sequence[dict], env: dict, path: Path, *, title: str, command: str,
+             expected_note: str, plots_dir: str | None = None, extra: str = "") -> None:
+    """A report in the spirit of seed 003's template: hardware, command, tables, plots, notes on noise/throttling."""
+    ok = [r for r in results if r.ok]
+    noisy = [r for r in ok if (r.rel_noise or 0) > 0.02]
+    throttled = [r for r in ok if r.throttled]
+    clocks = [r.clocks for r in ok if r.clocks.get("sm_clock_min_mhz")]
+    lines = [f"# {title}", "", "## Hardware and software", "", environment_markdown(env), "",
+             "## Command", "", f"```\n{command}\n```", "", f"Expected values: {expected_note}.", "",
+             "## Results", "", table(results, scores), ""]
+    if extra:
+        lines += ["", extra, ""]
+    if plots_dir:
+        pngs = sorted(Path(plots_dir).glob("*.png"))
+        if pngs:
+            lines += ["## Plots", ""]
+            rel_base = path.parent.resolve()
+            for png in pngs:
+                try:
+                    rel = png.resolve().relative_to(rel_base)
+                except ValueError:
+                    rel = png.resolve()
+                lines.append(f"![{png.stem}]({rel})")
+            lines.append("")
+    lines += ["## Noise and throttling", ""]
+    lines.append(f"- Relative noise (half the p20–p80 spread over the median): median over rows "
+                 f"{100 * _median([r.rel_noise or 0 for r in ok]):.1f}%; {len(noisy)} rows above 2%.")
+    if clocks:
+        lines.append(f"- SM clock during timing: {min(c['sm_clock_min_mhz'] for c in clocks)}–"
+                     f"{max(c['sm_clock_max_mhz'] for c in clocks)} MHz.")
+    reasons = sorted({x for r in ok for x in r.clocks.get("throttle_reasons", [])})
+    lines.append(f"- Throttle reasons seen: {', '.join(reasons) or 'none'}; rows with a power/thermal slowdown: "
+                 f"{len(throttled)}.")
+    failed = [r for r in results if r.status in ("failed-check", "error")]
+    if failed:
+        lines += ["", "## Failures", ""] + [f"- {r.case} / {r.impl}: {r.status}: {r.reason}" for r in failed]
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text("\n".join(lines) + "\n")
+
+
+def _median(values):
+    values = sorted(values)
+    return values[len(values) // 2] if values else 0.0
