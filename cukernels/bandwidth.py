@@ -11,11 +11,10 @@ from pathlib import Path
 import numpy as np
 
 from . import compile as _compile
-from . import device as _device
 from . import timing as _timing
 
 _SOURCE = Path(__file__).parent / "kernels" / "copy.cu"
-_UNROLL = 4
+_UNROLL = 1
 _THREADS = 256
 
 
@@ -25,12 +24,10 @@ def copy(src, dst) -> None:
         raise ValueError(f"src has {src.nbytes} bytes, dst {dst.nbytes}: they must match")
     if src.nbytes % 16 or not (src.flags.c_contiguous and dst.flags.c_contiguous):
         raise ValueError("copy needs contiguous arrays whose size is a multiple of 16 bytes")
-    spec = _device.current()
     kern = _compile.kernel(_SOURCE, f"copy_vec16<{_UNROLL}>")
     n_vec = src.nbytes // 16
-    blocks_per_sm = max(1, spec.max_threads_per_sm // _THREADS)
-    grid = min(spec.sm_count * blocks_per_sm, -(-n_vec // (_THREADS * _UNROLL)))
-    kern.launch((max(grid, 1),), (_THREADS,), (src, dst, np.int64(n_vec)))
+    grid = max(1, -(-n_vec // (_THREADS * _UNROLL)))
+    kern.launch((grid,), (_THREADS,), (src, dst, np.int64(n_vec)))
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)

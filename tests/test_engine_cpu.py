@@ -130,6 +130,14 @@ def test_offline_compile_reports_resources(arch):
         assert r.spills == 0 and r.stack_bytes == 0 and r.static_smem_bytes == 0
 
 
+@pytest.mark.parametrize("spec", device.all_profiles(), ids=lambda s: s.key)
+def test_engine_kernels_compile_for_every_profile(spec):
+    from cukernels import bandwidth
+
+    res = compile.compile_offline(bandwidth._SOURCE, [f"copy_vec16<{bandwidth._UNROLL}>"], spec.arch)
+    assert all(r.spills == 0 for r in res.values())
+
+
 def test_offline_compile_error_carries_log_and_options(tmp_path):
     bad = tmp_path / "bad.cu"
     bad.write_text("template <int N> __global__ void k(float* p) { p[0] = undeclared_name; }\n")
