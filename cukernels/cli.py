@@ -31,6 +31,8 @@ class OpBench:
     plan_rows: Callable[[list[bench.Case], device.DeviceSpec, bool], list[dict]]  # (cases, spec, compile)
     plan_of: Callable[[bench.Case], str | None] = lambda case: None  # the chosen config, for results
     expected_kind: str = ""  # rows of the expected table ("attention", "moe", "gemm")
+    # per implementation, the expected-row fields that hold its expected time (first present wins)
+    expected_fields: dict[str, Sequence[str]] = dataclasses.field(default_factory=dict)
     reference_impl: str | None = None  # the live reference for "percent of reference" and grades
     add_arguments: Callable[[argparse.ArgumentParser], None] = lambda parser: None
     extra_output: Callable[[list[bench.Result], argparse.Namespace], str] = lambda results, args: ""
@@ -105,7 +107,8 @@ def score_rows(ob: OpBench, results: list[bench.Result], spec: device.DeviceSpec
         case = cases.get(r.case)
         exp = table.find(ob.expected_kind, r.case) if (table and ob.expected_kind) else None
         if exp is not None and r.ok and case is not None:
-            expected_ms = exp.get("expected_ms", exp.get("target_ms"))
+            fields = ob.expected_fields.get(r.impl, ("expected_ms",))
+            expected_ms = next((exp[f] for f in fields if f in exp), None)
             if expected_ms is not None:
                 pl = score.plausibility(expected_ms, flops=case.flops, bytes_moved=case.bytes, spec=spec,
                                         dtype=case.dtype)
