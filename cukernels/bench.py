@@ -82,19 +82,22 @@ class Result:
         return self.status == "ok"
 
 
+_MEASURING_POOLS: list = []  # kept alive: arrays a call caches (workspaces) may live on in them
+
+
 def cupy_peak_memory(fn: Callable[[], Any]) -> int:
-    """Device memory one call takes from CuPy's pool beyond what is already held (its peak extra memory)."""
+    """Peak device memory one call allocates through CuPy: the call runs with a fresh memory pool, which keeps
+    freed blocks cached, so its size afterwards is the most the call held at once."""
     import cupy
 
-    pool = cupy.get_default_memory_pool()
+    pool = cupy.cuda.MemoryPool()
+    _MEASURING_POOLS.append(pool)
     cupy.cuda.get_current_stream().synchronize()
-    pool.free_all_blocks()
-    before = pool.total_bytes()
-    out = fn()
-    cupy.cuda.get_current_stream().synchronize()
-    peak = pool.total_bytes() - before
+    with cupy.cuda.using_allocator(pool.malloc):
+        out = fn()
+        cupy.cuda.get_current_stream().synchronize()
     del out
-    return int(peak)
+    return int(pool.total_bytes())
 
 
 def _roofline(case: Case, median_ms: float, spec: _device.DeviceSpec | None):

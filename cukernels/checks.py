@@ -53,15 +53,33 @@ def count_poison(arr) -> int:
     return int((arr == np.iinfo(arr.dtype).min).sum())
 
 
-def _host(x) -> np.ndarray:
-    if type(x).__module__.startswith("cupy"):
+def _as_float64(x, xp):
+    """``x`` (CuPy, NumPy or torch; bf16 as uint16 bits) as a float64 array of the library ``xp``."""
+    if type(x).__module__.startswith("torch"):
+        x = x.detach().float().cpu().numpy() if xp is np else _torch_to_cupy(x)
+    if xp is np and type(x).__module__.startswith("cupy"):
         x = x.get()
-    elif type(x).__module__.startswith("torch"):
-        x = x.detach().float().cpu().numpy()
-    x = np.asarray(x)
+    x = xp.asarray(x)
     if x.dtype == dtypes.BF16:
-        return dtypes.bf16_to_float32(x).astype(np.float64)
-    return x.astype(np.float64)
+        x = dtypes.bf16_to_float32(x)
+    return x.astype(xp.float64)
+
+
+def _torch_to_cupy(t):
+    import cupy
+
+    return cupy.from_dlpack(t.detach().float().contiguous())
+
+
+def _array_module(*arrays):
+    """CuPy when any input lives on the GPU (the comparison then runs there, no host copy), else NumPy."""
+    for a in arrays:
+        mod = type(a).__module__
+        if mod.startswith("cupy") or (mod.startswith("torch") and a.is_cuda):
+            import cupy
+
+            return cupy
+    return np
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -86,65 +104,61 @@ class CheckResult:
 
 
 def compare(actual, reference, *, tol: Tolerance, naive=None, name: str = "out") -> CheckResult:
-    """Compare ``actual`` (any supported dtype, CuPy/NumPy/torch) against a higher-precision ``reference``."""
-    a, r = _host(actual), _host(reference)
+    """Compare ``actual`` (any supported dtype; CuPy, NumPy or torch) against a higher-precision ``reference``.
+    Runs on the GPU when the data is there; only scalars come back to the host."""
+    xp = _array_module(actual, reference, *(() if naive is None else (naive,)))
+    a, r = _as_float64(actual, xp), _as_float64(reference, xp)
     if a.shape != r.shape:
         raise ValueError(f"{name}: shape {a.shape} differs from the reference's {r.shape}")
-    same = (a == r) | (np.isnan(a) & np.isnan(r))  # equal infinities (e.g. LSE of an empty row) count as exact
-    with np.errstate(invalid="ignore"):
-        err = np.where(same, 0.0, np.abs(a - r))
-    bad = ~np.isfinite(err)
+
+    def abs_err(x):
+        same = (x == r) | (xp.isnan(x) & xp.isnan(r))  # equal infinities (an empty row's LSE) count as exact
+        with np.errstate(invalid="ignore"):
+            return xp.where(same, 0.0, xp.abs(x - r))
+
+    err = abs_err(a)
+    bad = ~xp.isfinite(err)
     nonfinite = int(bad.sum())
-    finite_err = np.where(bad, 0.0, err)
-    ref_mag = np.where(np.isfinite(r), np.abs(r), 0.0)
-    max_abs = float(finite_err.max()) if err.size else 0.0
-    max_rel = float((finite_err / (ref_mag + max(tol.atol, 1e-30))).max()) if err.size else 0.0
-    mean_abs = float(finite_err.mean()) if err.size else 0.0
-    ref_norm = float(np.linalg.norm(np.where(np.isfinite(r), r, 0.0)))
-    rel_l2 = float(np.linalg.norm(finite_err) / ref_norm) if ref_norm > 0 else float(np.linalg.norm(finite_err))
+    err = xp.where(bad, 0.0, err)
+    ref_mag = xp.where(xp.isfinite(r), xp.abs(r), 0.0)
+    empty = err.size == 0
+    max_abs = 0.0 if empty else float(err.max())
+    max_rel = 0.0 if empty else float((err / (ref_mag + max(tol.atol, 1e-30))).max())
+    mean_abs = 0.0 if empty else float(err.mean())
+    ref_norm = float(xp.linalg.norm(xp.where(xp.isfinite(r), r, 0.0).ravel()))
+    err_norm = float(xp.linalg.norm(err.ravel()))
+    rel_l2 = err_norm / ref_norm if ref_norm > 0 else err_norm
 
     naive_max = None
     if nonfinite:
         passed, reason = False, f"{nonfinite} non-finite or unwritten elements"
     elif naive is not None:
-        n = _host(naive)
-        with np.errstate(invalid="ignore"):
-            n_err = np.where((n == r), 0.0, np.abs(n - r))
-        naive_max = float(np.nanmax(np.where(np.isfinite(n_err), n_err, 0.0))) if n_err.size else 0.0
+        n_err = abs_err(_as_float64(naive, xp))
+        naive_max = 0.0 if empty else float(xp.where(xp.isfinite(n_err), n_err, 0.0).max())
         bound = tol.naive_factor * naive_max + tol.atol
         passed = max_abs <= bound
         reason = f"max_abs {max_abs:.3g} {'<=' if passed else '>'} {tol.naive_factor}x naive {naive_max:.3g} + {tol.atol:g}"
     else:
-        limit = tol.atol + tol.rtol * ref_mag
-        worst = int(np.argmax(finite_err - limit)) if err.size else 0
-        passed = bool((finite_err <= limit).all())
+        over = err - (tol.atol + tol.rtol * ref_mag)
+        n_over = int((over > 0).sum())
+        passed = n_over == 0
         if passed:
             reason = f"all within atol={tol.atol:g} rtol={tol.rtol:g}"
         else:
-            idx = np.unravel_index(worst, err.shape)
-            reason = (
-                f"{int((finite_err > limit).sum())} elements beyond atol={tol.atol:g} rtol={tol.rtol:g}; "
-                f"worst at {tuple(int(i) for i in idx)}: got {a[idx]:.6g}, expected {r[idx]:.6g}"
-            )
-    return CheckResult(
-        name=name,
-        max_abs=max_abs,
-        max_rel=max_rel,
-        mean_abs=mean_abs,
-        rel_l2=rel_l2,
-        nonfinite=nonfinite,
-        passed=passed,
-        reason=reason,
-        naive_max_abs=naive_max,
-    )
+            idx = np.unravel_index(int(over.argmax()), err.shape)
+            reason = (f"{n_over} elements beyond atol={tol.atol:g} rtol={tol.rtol:g}; worst at "
+                      f"{tuple(int(i) for i in idx)}: got {float(a[idx]):.6g}, expected {float(r[idx]):.6g}")
+    return CheckResult(name=name, max_abs=max_abs, max_rel=max_rel, mean_abs=mean_abs, rel_l2=rel_l2,
+                       nonfinite=nonfinite, passed=passed, reason=reason, naive_max_abs=naive_max)
 
 
-def poison_pool(nbytes: int) -> None:
-    """Poison memory that CuPy's pool will hand out next: fill ``nbytes`` with 0xFF (NaN in fp32/fp16/bf16) and
-    free it, so outputs an op allocates itself start as NaN and an element the kernel never wrote fails ``compare``."""
+def poison_pool(nbytes: int, byte: int = 0xFF) -> None:
+    """Poison memory that CuPy's pool will hand out next: fill ``nbytes`` with ``byte`` and free it, so outputs an
+    op allocates itself start poisoned. 0xFF is NaN in fp32/fp16/bf16 (an unwritten float fails ``compare``);
+    for integer outputs where -1 is legal pick another byte (0x7F gives 0x7F7F7F7F in int32)."""
     import cupy
 
     block = cupy.empty(int(nbytes), dtype=cupy.uint8)
-    block.fill(0xFF)
+    block.fill(byte)
     cupy.cuda.get_current_stream().synchronize()
     del block

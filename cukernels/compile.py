@@ -126,23 +126,27 @@ _cache_lock = threading.Lock()
 
 
 def kernel(source: Path | str, name_expression: str, *, options: Sequence[str] = ()) -> Kernel:
-    """Compile (once per device/source tree/options) and return the kernel ``name_expression`` of ``source``."""
+    """Compile (once per process, device, source, options) and return the kernel ``name_expression``.
+
+    The hot path is one dictionary lookup: sources are read and hashed only on the first call for a key, so a
+    kernel file edited while a process runs is picked up by the next process (CuPy's disk cache is keyed on the
+    digest of the whole kernels folder, so it never serves a stale binary)."""
     import cupy
 
-    source = Path(source)
-    spec = _device.current()
-    text = source.read_text()
-    opts = _options(source, spec.arch, options)
-    key = (cupy.cuda.Device().id, str(source), opts, name_expression)
-    with _cache_lock:
-        hit = _cache.get(key)
+    dev_id = cupy.cuda.runtime.getDevice()
+    key = (dev_id, source, tuple(options), name_expression)
+    hit = _cache.get(key)
     if hit is not None:
         return hit
+    path = Path(source)
+    spec = _device.current()
+    opts = _options(path, spec.arch, options)
     try:
-        module = cupy.RawModule(code=text, options=opts, name_expressions=[name_expression], backend="nvrtc")
+        module = cupy.RawModule(code=path.read_text(), options=opts, name_expressions=[name_expression],
+                                backend="nvrtc")
         raw = module.get_function(name_expression)
     except cupy.cuda.compiler.CompileException as exc:
-        raise CompileError(source, [name_expression], opts, str(exc)) from exc
+        raise CompileError(path, [name_expression], opts, str(exc)) from exc
     built = Kernel(raw, name_expression, spec)
     with _cache_lock:
         _cache[key] = built

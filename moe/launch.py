@@ -1,0 +1,51 @@
+"""The package's compiled kernels and plans, looked up once per device.
+
+``cukernels.compile.kernel`` re-reads and hashes the source tree on every call and the planners walk their
+candidates; both are pure functions of (device, arguments), so the hot path (``route``, ``permute``, ...) keeps
+what they return here, keyed by the device id.
+"""
+from __future__ import annotations
+
+import functools
+from pathlib import Path
+
+from cukernels import compile as _compile
+from cukernels import device as _device
+
+KERNELS = Path(__file__).parent / "kernels"
+ROUTE_SOURCE = KERNELS / "route.cu"
+DISPATCH_SOURCE = KERNELS / "dispatch.cu"
+
+
+def device_id() -> int:
+    import cupy
+
+    return cupy.cuda.Device().id
+
+
+@functools.lru_cache(maxsize=None)
+def _kernel(dev: int, source: Path, name_expression: str) -> _compile.Kernel:
+    return _compile.kernel(source, name_expression)
+
+
+def kernel(source: Path, name_expression: str) -> _compile.Kernel:
+    return _kernel(device_id(), source, name_expression)
+
+
+@functools.lru_cache(maxsize=None)
+def _spec(dev: int) -> _device.DeviceSpec:
+    return _device.current()
+
+
+def spec() -> _device.DeviceSpec:
+    return _spec(device_id())
+
+
+@functools.lru_cache(maxsize=4096)
+def _plan(dev: int, planner, problem):
+    return planner(problem, _spec(dev)) if problem is not None else planner(_spec(dev))
+
+
+def plan(planner, problem=None):
+    """``planner(problem, spec)`` (or ``planner(spec)``) for the current device, cached."""
+    return _plan(device_id(), planner, problem)

@@ -1,0 +1,63 @@
+"""Named MoE shapes, shared by the tests and ``python -m moe.bench``. No shape is typed twice.
+
+A shape with ``hidden`` also exercises gather and combine (expert rows of ``hidden`` elements); seed 004's MoE
+configuration is hidden 4096, intermediate 11008, 32 experts, top-2, at batch x sequence 4x512, 16x2048, 32x2048.
+"""
+from __future__ import annotations
+
+import dataclasses
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class MoEShape:
+    name: str
+    tokens: int
+    experts: int
+    top_k: int
+    hidden: int | None = None
+    intermediate: int | None = None
+    tags: tuple[str, ...] = ()
+
+
+def _seed004(batch: int, seq: int) -> MoEShape:
+    return MoEShape(name=f"seed004_b{batch}x{seq}", tokens=batch * seq, experts=32, top_k=2, hidden=4096,
+                    intermediate=11008, tags=("seed004", "primary"))
+
+
+SHAPES: tuple[MoEShape, ...] = (
+    MoEShape(name="route_T32768_E32_top2", tokens=32768, experts=32, top_k=2, tags=("routing", "primary")),
+    MoEShape(name="route_T32768_E256_top8", tokens=32768, experts=256, top_k=8, tags=("routing", "primary")),
+    _seed004(4, 512),
+    _seed004(16, 2048),
+    _seed004(32, 2048),
+    MoEShape(name="quick_T256_E8_top2", tokens=256, experts=8, top_k=2, hidden=256, tags=("quick", "ci")),
+    MoEShape(name="quick_T1000_E60_top4", tokens=1000, experts=60, top_k=4, hidden=384, tags=("quick", "ci")),
+    MoEShape(name="ci_T4096_E256_top8", tokens=4096, experts=256, top_k=8, hidden=1024, tags=("ci",)),
+)
+
+SUITES = {
+    "quick": "quick",
+    "ci": "ci",
+    "routing": "routing",
+    "seed004": "seed004",
+    "primary": "primary",
+}
+
+
+def suite_names() -> list[str]:
+    return [*SUITES, "all"]
+
+
+def suite(name: str) -> list[MoEShape]:
+    if name == "all":
+        return list(SHAPES)
+    if name not in SUITES:
+        raise ValueError(f"unknown MoE suite {name!r}; known: {', '.join(suite_names())}")
+    return [s for s in SHAPES if SUITES[name] in s.tags]
+
+
+def shape(name: str) -> MoEShape:
+    for s in SHAPES:
+        if s.name == name:
+            return s
+    raise ValueError(f"unknown MoE shape {name!r}; known: {', '.join(s.name for s in SHAPES)}")

@@ -1,0 +1,204 @@
+"""MoE on the CPU: the NumPy references on small hand-checked inputs (ties, skew, NaN), the planners on every
+profile, ``python -m moe.bench --plan`` for every profile, and every kernel variant the planners can choose
+compiled offline for every profile's architecture with no spills."""
+import contextlib
+import io
+import itertools
+
+import numpy as np
+import pytest
+
+from cukernels import compile, device, dtypes, tiling
+from moe import bench, configs, launch, reference, suites
+
+# ---------------------------------------------------------------- references
+
+
+def test_route_reference_ties_go_to_the_lower_expert():
+    logits = np.array([[0.0, 1.0, 1.0, 0.5, 1.0],
+                       [2.0, 2.0, 2.0, 2.0, 2.0],
+                       [-0.0, 0.0, -1.0, 0.0, -0.0]], dtype=np.float32)
+    ref = reference.route(logits, 3)
+    assert ref.experts.tolist() == [[1, 2, 4], [0, 1, 2], [0, 1, 3]]  # -0.0 ties with 0.0
+    np.testing.assert_allclose(ref.weights[0], [1 / 3] * 3)
+    np.testing.assert_allclose(ref.weights.sum(axis=1), 1.0)
+    assert ref.counts.tolist() == [2, 3, 2, 1, 1]
+
+
+def test_route_reference_nan_ranks_below_minus_inf():
+    logits = np.array([[np.nan, -np.inf, 0.0, np.nan]], dtype=np.float32)
+    assert reference.route(logits, 3).experts.tolist() == [[2, 1, 0]]
+
+
+def test_route_reference_uniform_logits_give_balanced_losses():
+    tokens, experts, k = 64, 8, 2
+    ref = reference.route(np.zeros((tokens, experts), np.float32), k)
+    assert ref.counts.tolist() == [tokens] * k + [0] * (experts - k)  # every token ties: experts 0 and 1
+    np.testing.assert_allclose(ref.mean_prob, 1 / experts)
+    assert ref.aux_loss == pytest.approx(1.0)  # experts * sum(f_i / experts) = sum f_i
+    assert ref.z_loss == pytest.approx(np.log(experts) ** 2)
+    np.testing.assert_allclose(ref.share, ref.counts / (tokens * k))
+    assert ref.usage_cv == pytest.approx(np.std(ref.counts) / np.mean(ref.counts))
+
+
+def test_route_reference_skew_sends_every_token_to_one_expert():
+    rng = np.random.default_rng(0)
+    logits = rng.standard_normal((100, 16)).astype(np.float32)
+    logits[:, 5] += 50.0
+    ref = reference.route(logits, 1)
+    assert (ref.experts == 5).all() and ref.counts[5] == 100 and ref.counts.sum() == 100
+    np.testing.assert_allclose(ref.weights, 1.0)
+    assert ref.aux_loss == pytest.approx(16 * ref.mean_prob[5])
+    assert ref.usage_cv == pytest.approx(np.sqrt(15.0))  # one expert holds everything: std/mean = sqrt(E - 1)
+
+
+def test_route_reference_sigmoid_and_softmax_weights():
+    x = np.array([[1.0, -2.0, 3.0, 0.5]], dtype=np.float32)
+    sig = 1 / (1 + np.exp(-x.astype(np.float64)))
+    r = reference.route(x, 2, scoring="sigmoid", renormalize=False)
+    assert r.experts.tolist() == [[2, 0]]
+    np.testing.assert_allclose(r.weights, sig[:, [2, 0]])
+    np.testing.assert_allclose(r.mean_prob, (sig / sig.sum())[0])
+    r = reference.route(x, 2, scoring="sigmoid")
+    np.testing.assert_allclose(r.weights, sig[:, [2, 0]] / sig[:, [2, 0]].sum())
+    p = np.exp(x - x.max()) / np.exp(x - x.max()).sum()
+    np.testing.assert_allclose(reference.route(x, 2, renormalize=False).weights, p[:, [2, 0]])
+
+
+def test_route_reference_reads_bf16_and_fp16_bits():
+    x = np.array([[0.5, 3.0, -1.0]], dtype=np.float32)
+    for stored in (dtypes.to_bf16(x), x.astype(np.float16)):
+        assert reference.route(stored, 2).experts.tolist() == [[1, 0]]
+
+
+def test_permute_reference_is_stable_padded_and_inverse():
+    experts = np.array([[2, 0], [0, 2], [1, 0], [2, 1]], dtype=np.int32)  # slots 0..7
+    d = reference.permute(experts, 4)
+    assert d.sorted_slots.tolist() == [1, 2, 5, 4, 7, 0, 3, 6]
+    assert d.offsets.tolist() == [0, 3, 5, 8, 8] and d.padded_offsets.tolist() == d.offsets.tolist()
+    assert (d.sorted_slots[d.inverse.ravel()] == np.arange(8)).all()
+    p = reference.permute(experts, 4, block_m=4)
+    assert p.padded_offsets.tolist() == [0, 4, 8, 12, 12]
+    assert p.sorted_slots.size == 8 + 4 * 3
+    assert p.sorted_slots[:12].tolist() == [1, 2, 5, -1, 4, 7, -1, -1, 0, 3, 6, -1]
+    assert (p.sorted_slots[12:] == -1).all()
+    assert (p.sorted_slots[p.inverse.ravel()] == np.arange(8)).all()
+
+
+def test_gather_and_combine_references():
+    x = np.arange(12, dtype=np.float32).reshape(4, 3)
+    experts = np.array([[1, 0], [0, 1], [1, 1], [0, 0]], dtype=np.int32)
+    experts[2] = [1, 0]
+    d = reference.permute(experts, 2, block_m=2)
+    g = reference.gather(x, d.sorted_slots, 2)
+    for r, s in enumerate(d.sorted_slots):
+        assert (g[r] == (x[s // 2] if s >= 0 else 0)).all()
+    w = np.array([[0.75, 0.25]] * 4)
+    out = reference.combine(g, d.inverse, w)
+    np.testing.assert_allclose(out, x)  # the weights sum to 1 and both rows hold the token's row
+
+
+# ---------------------------------------------------------------- planners and --plan
+
+
+PROFILES = device.all_profiles()
+
+
+@pytest.mark.parametrize("spec", PROFILES, ids=lambda s: s.key)
+def test_planners_fit_every_profile(spec):
+    for experts, tokens in itertools.product((1, 8, 33, 60, 128, 256), (1, 4096, 1 << 20)):
+        plan = configs.plan_route(configs.RouteProblem(tokens=tokens, experts=experts, top_k=1, dtype="bf16"), spec)
+        assert 32 * plan.config.experts_per_lane >= experts
+        assert plan.smem_bytes <= spec.smem_per_block_optin and plan.config.threads <= spec.max_threads_per_block
+    for plan in (configs.plan_finish(spec), configs.plan_scatter(spec)):
+        tiling.check_fits(plan.config, spec)
+
+
+def test_row_planners_choose_the_access_width():
+    spec = device.profile("h200")
+    plan = configs.plan_combine(configs.RowsProblem(rows=8, hidden=4096, top_k=2, dtype="bf16"), spec)
+    assert (plan.config.vec, plan.config.max_k) == (8, 2)
+    misaligned = configs.RowsProblem(rows=8, hidden=4096, top_k=5, dtype="bf16", align=2)
+    assert (configs.plan_combine(misaligned, spec).config.vec, configs.plan_combine(misaligned, spec).config.max_k) == (1, 8)
+    assert configs.plan_gather(configs.RowsProblem(rows=8, hidden=6, top_k=1, dtype="fp16"), spec).config.vec_bytes == 4
+    assert configs.plan_gather(configs.RowsProblem(rows=8, hidden=7, top_k=1, dtype="bf16"), spec).config.vec_bytes == 2
+    assert configs.plan_gather(configs.RowsProblem(rows=8, hidden=7, top_k=1, dtype="fp32"), spec).config.vec_bytes == 4
+
+
+def test_suites_name_seed004_shapes():
+    seed = {s.name: s for s in suites.suite("seed004")}
+    assert [s.tokens for s in seed.values()] == [2048, 32768, 65536]
+    assert all((s.hidden, s.intermediate, s.experts, s.top_k) == (4096, 11008, 32, 2) for s in seed.values())
+    assert {s.name for s in suites.suite("routing")} == {"route_T32768_E32_top2", "route_T32768_E256_top8"}
+    with pytest.raises(ValueError, match="unknown MoE suite"):
+        suites.suite("nope")
+
+
+@pytest.mark.parametrize("name", device.profile_names())
+def test_bench_plan_for_every_profile(name):
+    buf = io.StringIO()
+    with contextlib.redirect_stdout(buf):
+        rc = bench.main(["--plan", "--profile", name, "--suite", "all"])
+    out = buf.getvalue()
+    assert rc == 0, out
+    for kernel in ("moe_route<", "moe_route_finish", "moe_permute_scatter<", "moe_gather<", "moe_combine<"):
+        assert kernel in out
+    assert f"{device.profile(name).smem_per_block_optin:,}" in out
+
+
+def test_bench_without_gpu_points_to_plan(capsys):
+    if device.gpu_available():
+        pytest.skip("a GPU is visible")
+    assert bench.main([]) == 0
+    assert "--plan" in capsys.readouterr().err
+
+
+# ---------------------------------------------------------------- offline compilation
+
+
+def _variants(spec) -> dict:
+    """(source, name expression) -> plan, for every config the planners can return on ``spec``."""
+    out = {}
+    for dt, experts in itertools.product(("fp32", "fp16", "bf16"), (8, 60, 128, 256)):
+        for tokens in (1, 1 << 20):
+            p = configs.plan_route(configs.RouteProblem(tokens=tokens, experts=experts, top_k=1, dtype=dt), spec)
+            out[(launch.ROUTE_SOURCE, p.config.name_expression(dtype=dtypes.from_name(dt)))] = p
+    p = configs.plan_finish(spec)
+    out[(launch.ROUTE_SOURCE, p.config.name_expression())] = p
+    p = configs.plan_scatter(spec)
+    out[(launch.DISPATCH_SOURCE, p.config.name_expression())] = p
+    for dt, hidden, align, top_k in itertools.product(("fp32", "fp16", "bf16"), (4096, 6, 7), (16, 2),
+                                                      (1, 3, 8)):
+        problem = configs.RowsProblem(rows=1000, hidden=hidden, top_k=top_k, dtype=dt, align=align)
+        g = configs.plan_gather(problem, spec)
+        out[(launch.DISPATCH_SOURCE, g.config.name_expression())] = g
+        c = configs.plan_combine(problem, spec)
+        out[(launch.DISPATCH_SOURCE, c.config.name_expression(dtype=dtypes.from_name(dt)))] = c
+    return out
+
+
+def _archs():
+    by_arch = {}
+    for spec in PROFILES:
+        by_arch.setdefault(spec.arch, []).append(spec)
+    return by_arch
+
+
+@pytest.mark.parametrize("arch", sorted(_archs()))
+def test_every_variant_compiles_offline_without_spills(arch):
+    specs = _archs()[arch]
+    variants = {}
+    for spec in specs:
+        for key, plan in _variants(spec).items():
+            variants.setdefault(key, []).append((spec, plan))
+    assert any("moe_combine" in e for _, e in variants) and any("moe_route<" in e for _, e in variants)
+    for source in (launch.ROUTE_SOURCE, launch.DISPATCH_SOURCE):
+        exprs = [e for s, e in variants if s == source]
+        resources = compile.compile_offline(source, exprs, arch)
+        for expr in exprs:
+            r = resources[expr]
+            assert r.spills == 0 and r.stack_bytes == 0, f"{expr} on {arch}: {r}"
+            for spec, plan in variants[(source, expr)]:
+                assert r.static_smem_bytes <= spec.smem_per_block_optin
+                assert r.static_smem_bytes == plan.config.smem_bytes(), f"{expr}: config's smem_bytes() is off"
+                assert r.registers * plan.config.threads <= spec.regs_per_block, f"{expr} on {spec.key}"
