@@ -101,7 +101,9 @@ class Kernel:
         self._raw = raw
         self.name_expression = name_expression
         self.spec = spec
-        self._smem_raised_to = _DEFAULT_DYNAMIC_SMEM
+        # the default dynamic limit is what the 48 KB default leaves beside the kernel's static shared memory
+        self.static_smem = int(raw.shared_size_bytes)
+        self._smem_raised_to = _DEFAULT_DYNAMIC_SMEM - self.static_smem
         self._lock = threading.Lock()
 
     @property
@@ -109,10 +111,10 @@ class Kernel:
         return int(self._raw.num_regs)
 
     def launch(self, grid, block, args, *, smem: int = 0, stream=None) -> None:
-        if smem > self.spec.smem_per_block_optin:
+        if smem + self.static_smem > self.spec.smem_per_block_optin:
             raise ValueError(
-                f"{self.name_expression}: {smem} bytes of dynamic shared memory requested, the device allows "
-                f"{self.spec.smem_per_block_optin} per block"
+                f"{self.name_expression}: {smem} bytes of dynamic shared memory requested beside "
+                f"{self.static_smem} static; the device allows {self.spec.smem_per_block_optin} per block"
             )
         if smem > self._smem_raised_to:
             with self._lock:

@@ -77,3 +77,34 @@ def test_markdown_report_renders(tmp_path):
                     expected_note="table h200")
     text = out.read_text()
     assert "NVIDIA H200" in text and "1.20 (torch-flash)" in text and "Throttle reasons seen: none" in text
+
+
+def _bench_cli(module, *args):
+    import subprocess
+    import sys
+
+    return subprocess.run([sys.executable, "-m", module, *args], capture_output=True, text=True, timeout=300)
+
+
+@pytest.mark.skipif(device.gpu_available(), reason="checks the no-GPU message")
+def test_attention_bench_without_gpu_points_to_plan():
+    out = _bench_cli("attention.bench")
+    assert out.returncode == 0 and "No CUDA GPU" in out.stderr and "--plan" in out.stderr
+
+
+@pytest.mark.parametrize("profile", device.profile_names())
+def test_attention_bench_plan_for_every_profile(profile):
+    out = _bench_cli("attention.bench", "--plan", "--profile", profile, "--suite", "default")
+    assert out.returncode == 0, out.stderr
+    assert "shared memory limit" in out.stdout and "seed004_a" in out.stdout
+    if device.profile(profile).compute_capability >= (8, 0):
+        assert "| NO " not in out.stdout and "no plan" not in out.stdout
+    else:
+        assert "no plan" in out.stdout  # T4: a clear reason instead of a config that cannot run
+
+
+def test_bench_cli_rejects_unknown_profile_and_impl():
+    out = _bench_cli("attention.bench", "--plan", "--profile", "h300")
+    assert out.returncode == 2 and "known profiles" in out.stderr
+    out = _bench_cli("attention.bench", "--plan", "--suite", "nope")
+    assert out.returncode == 2 and "invalid choice" in out.stderr

@@ -1,0 +1,151 @@
+"""Tile configs of the grouped expert GEMM and their planner.
+
+``GemmConfig`` is one instance of ``moe_grouped_gemm`` (moe/kernels/grouped_gemm.cu): CTA tile BM x BN x BK,
+WARPS_M x WARPS_N warps, STAGES cp.async stages, MIN_BLOCKS CTAs per SM promised to the compiler (its register
+cap). Shared memory is the pipeline's ``STAGES * (BM + BN) * BK * 2`` bytes (the epilogue's staging tile reuses
+it), all dynamic, checked against the device's opt-in limit by ``cukernels.tiling.choose``.
+
+The kernel needs mma.sync.m16n8k16 with bf16 and cp.async: sm_80 or newer. On older GPUs (T4, sm_75) the
+planner raises ``PlanError``; it never hands back a config that would fail or fall back silently.
+"""
+from __future__ import annotations
+
+import dataclasses
+
+from cukernels import dtypes, tiling
+from cukernels.device import DeviceSpec
+
+EPILOGUES = {None: 0, "swiglu": 1, "gelu": 2}
+MIN_CC = (8, 0)
+OP = "moe.grouped_gemm"
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class GemmProblem:
+    rows: int  # total rows of a (all groups)
+    n: int  # columns of b[e] (before the SwiGLU halving)
+    k: int
+    experts: int
+    dtype: str  # fp16 | bf16
+    epilogue: str | None = None
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class GemmConfig:
+    block_m: int
+    block_n: int
+    block_k: int
+    warps_m: int
+    warps_n: int
+    stages: int
+    min_blocks: int = 1
+
+    def __post_init__(self):
+        if self.block_k not in (32, 64):
+            raise ValueError(f"block_k must be 32 or 64, got {self.block_k}")
+        wm, wn = self.block_m // self.warps_m, self.block_n // self.warps_n
+        if self.block_m % self.warps_m or self.block_n % self.warps_n or wm % 16 or wn % 16:
+            raise ValueError(f"warp tile {self.block_m}/{self.warps_m} x {self.block_n}/{self.warps_n} must be "
+                             f"multiples of 16")
+        rows_per_pass = self.threads // (self.block_k // 8)
+        if self.block_m % rows_per_pass or self.block_n % rows_per_pass:
+            raise ValueError(f"block_m and block_n must be multiples of {rows_per_pass} rows (one load pass)")
+        if not 2 <= self.stages <= 6:
+            raise ValueError(f"stages must be 2..6, got {self.stages}")
+        if self.min_blocks not in (1, 2):
+            raise ValueError(f"min_blocks must be 1 or 2, got {self.min_blocks}")
+
+    @property
+    def threads(self) -> int:
+        return self.warps_m * self.warps_n * 32
+
+    def smem_bytes(self) -> int:
+        """The pipeline buffers (the epilogue's staging tile reuses them) and 16 bytes for the work item."""
+        return self.stages * (self.block_m + self.block_n) * self.block_k * 2 + 16
+
+    def name_expression(self, *, dtype, epilogue: str | None = None, out_dtype=None) -> str:
+        if epilogue not in EPILOGUES:
+            raise ValueError(f"epilogue must be one of {list(EPILOGUES)}, got {epilogue!r}")
+        out_c = dtypes.ctype(dtype if out_dtype is None else out_dtype)
+        return (f"moe_grouped_gemm<{dtypes.ctype(dtype)}, {out_c}, {self.block_m}, {self.block_n}, {self.block_k}, "
+                f"{self.warps_m}, {self.warps_n}, {self.stages}, {EPILOGUES[epilogue]}, {self.min_blocks}>")
+
+    def grid(self, problem: GemmProblem) -> int:
+        """CTAs to launch: an upper bound of the tiles, whatever the group sizes (each group adds at most one
+        partial m-tile); the CTAs past the real count exit at once."""
+        m_tiles = problem.rows // self.block_m + min(problem.experts, problem.rows)
+        return max(1, m_tiles * -(-problem.n // self.block_n))
+
+    def __str__(self) -> str:
+        return (f"GemmConfig({self.block_m}x{self.block_n}x{self.block_k}, {self.warps_m}x{self.warps_n} warps, "
+                f"{self.stages} stages, {self.min_blocks}/SM)")
+
+
+# Preference order: the largest tile that fits first (more reuse per byte of shared memory), then deeper
+# pipelines before shallower ones. 128 x 256 x 64 with 8 warps (64 x 64 per warp) is the CUTLASS-style
+# sm_80 shape; 128 x 128 (registers capped at 128 so that two CTAs share an SM where shared memory allows)
+# where the large tile does not fit or would leave SMs idle.
+LARGE = (
+    GemmConfig(block_m=128, block_n=256, block_k=64, warps_m=2, warps_n=4, stages=4),
+    GemmConfig(block_m=128, block_n=256, block_k=64, warps_m=2, warps_n=4, stages=3),
+)
+MEDIUM = (
+    GemmConfig(block_m=128, block_n=128, block_k=64, warps_m=2, warps_n=4, stages=3, min_blocks=2),
+    GemmConfig(block_m=128, block_n=128, block_k=32, warps_m=2, warps_n=4, stages=4, min_blocks=2),
+    GemmConfig(block_m=128, block_n=128, block_k=32, warps_m=2, warps_n=4, stages=3, min_blocks=2),
+)
+SMALL = (
+    GemmConfig(block_m=64, block_n=128, block_k=32, warps_m=2, warps_n=2, stages=3),
+)
+ALL = LARGE + MEDIUM + SMALL
+
+
+def _config_from(raw: dict) -> GemmConfig:
+    return GemmConfig(**raw)
+
+
+def _for_device(candidates, spec: DeviceSpec) -> list[GemmConfig]:
+    """Keep the two-CTAs-per-SM register cap only where two CTAs' shared memory (plus the 1 KiB the driver
+    reserves per CTA) fit in one SM; elsewhere the cap would only cost registers."""
+    out = []
+    for c in candidates:
+        if c.min_blocks == 2 and 2 * (c.smem_bytes() + 1024) > spec.smem_per_sm:
+            c = dataclasses.replace(c, min_blocks=1)
+        out.append(c)
+    return out
+
+
+def check_arch(spec: DeviceSpec) -> None:
+    if tuple(spec.compute_capability) < MIN_CC:
+        cc = ".".join(map(str, spec.compute_capability))
+        raise tiling.PlanError(
+            f"moe.grouped_gemm needs compute capability 8.0+ (mma.sync.m16n8k16 with bf16 and cp.async); "
+            f"{spec.name} is {cc} ({spec.arch})")
+
+
+def plan(problem: GemmProblem, spec: DeviceSpec) -> tiling.Plan:
+    """The tile for ``problem`` on ``spec``: 128 x 256 when it leaves at least two waves of CTAs, else 128 x 128,
+    each with the deepest pipeline that fits ``spec.smem_per_block_optin``."""
+    check_arch(spec)
+    tuned = tiling.override(spec, OP, _config_from)
+    if tuned is not None:
+        return tuned
+    n = problem.n
+    est_m_tiles = max(1, problem.rows // 128) + min(problem.experts, max(problem.rows, 1)) // 2
+    large_ctas = est_m_tiles * -(-n // 256)
+    if large_ctas >= 2 * spec.sm_count and n >= 256:
+        candidates, why = LARGE + MEDIUM + SMALL, f"~{large_ctas} CTAs of 128x256 >= 2 waves on {spec.sm_count} SMs"
+    else:
+        candidates, why = MEDIUM + SMALL, f"~{large_ctas} CTAs of 128x256 < 2 waves on {spec.sm_count} SMs"
+    return tiling.choose(_for_device(candidates, spec), spec, reason=why)
+
+
+def variants(spec: DeviceSpec) -> list[GemmConfig]:
+    """Every config the planner can return on ``spec`` (the first fitting one of each preference list)."""
+    check_arch(spec)
+    out = []
+    for candidates in (LARGE + MEDIUM + SMALL, MEDIUM + SMALL):
+        cfg = tiling.choose(_for_device(candidates, spec), spec, reason="").config
+        if cfg not in out:
+            out.append(cfg)
+    return out

@@ -1,0 +1,227 @@
+// Grouped expert GEMM: out[rows of group e] = epilogue(a[rows of group e] @ b[e]^T), fp32 accumulate.
+//
+// Layout. a [rows, K] row-major, rows in expert order: group e is rows [offsets[e], offsets[e+1]).
+// b [experts, N, K] row-major (K contiguous, torch Linear's [out, in] per expert): both operands are K-major,
+// which is mma.sync's row.col form, so both are loaded with plain (non-transposing) ldmatrix.
+// out [rows, N_out] row-major, N_out = N / 2 for SwiGLU, else N.
+//
+// Work items. A CTA computes one BM x BN tile of one expert. The tiles are numbered expert by expert
+// (ceil(count_e / BM) * ceil(N / BN) tiles for expert e); the grid is an upper bound (host side: rows / BM +
+// experts m-tiles), and warp 0 of each CTA finds its expert from the offsets (32 experts per step: a shuffle scan
+// of the tile counts and a ballot), so the schedule needs no host round trip and CTAs past the end exit. Inside
+// an expert, GROUP_M m-tiles share a column sweep (grouped rasterisation) so that CTAs resident together reuse
+// the same rows of a and of b through L2.
+//
+// Main loop. STAGES-deep cp.async pipeline of (A: BM x BK, B: BN x BK) tiles in dynamic shared memory, rows of
+// BK halves XOR-swizzled (mma.cuh) so that cp.async stores and ldmatrix loads are free of bank conflicts.
+// Rows past the group's end, columns past N and k past K are zero-filled by cp.async (src-size 0).
+// WARPS_M x WARPS_N warps; each warp owns a (BM / WARPS_M) x (BN / WARPS_N) accumulator tile in registers and
+// per 16-wide k step loads its A fragments (ldmatrix.x4, 16 x 16) and B fragments (ldmatrix.x4, two 8 x 16)
+// and issues (WM / 16) x (WN / 8) mma.sync.m16n8k16.
+//
+// Epilogue. EPI 0: none; 1: SwiGLU, b's rows are interleaved gate/up (row 2j gate j, row 2j + 1 up j), so the
+// thread holding accumulator columns (2j, 2j + 1) writes silu(gate) * up to output column j; 2: GELU (erf).
+// row_scale (float32 per row, may be null) multiplies the result. Results are staged through shared memory
+// (reusing the pipeline buffers) and written with 16-byte stores. TO = float (plain GEMM only, e.g. router logits):
+// fp32 results go straight from registers, 8 bytes per lane, 32 contiguous bytes per 4-lane group.
+#include "mma.cuh"
+
+constexpr int EPI_NONE = 0, EPI_SWIGLU = 1, EPI_GELU = 2;
+constexpr int GROUP_M = 8;
+
+template <int EPI> __device__ __forceinline__ float activate(float x) {
+    if constexpr (EPI == EPI_GELU) return 0.5f * x * (1.f + erff(x * 0.70710678118654752f));
+    else return x;
+}
+
+template <typename T, typename TO, int BM, int BN, int BK, int WARPS_M, int WARPS_N, int STAGES, int EPI, int MIN_BLOCKS>
+__global__ void __launch_bounds__(WARPS_M * WARPS_N * 32, MIN_BLOCKS)
+moe_grouped_gemm(const T* __restrict__ a, const T* __restrict__ b, TO* __restrict__ out,
+                 const int* __restrict__ offsets, const float* __restrict__ row_scale, int experts, int N, int K) {
+    constexpr int THREADS = WARPS_M * WARPS_N * 32;
+    constexpr int WM = BM / WARPS_M, WN = BN / WARPS_N;
+    constexpr int MI = WM / 16, NI = WN / 8;
+    constexpr int CH = BK / 8;  // 16-byte chunks per tile row
+    constexpr int A_BYTES = BM * BK * 2, STAGE_BYTES = (BM + BN) * BK * 2;
+    constexpr int RSTEP = THREADS / CH;  // tile rows covered by one pass of all threads
+    constexpr int A_ITERS = BM / RSTEP, B_ITERS = BN / RSTEP;
+    static_assert(WM % 16 == 0 && WN % 16 == 0, "warp tile must be a multiple of 16 x 16");
+    static_assert(BM % RSTEP == 0 && BN % RSTEP == 0, "tile rows must be a multiple of the rows per pass");
+    constexpr int BN_OUT = EPI == EPI_SWIGLU ? BN / 2 : BN;
+    constexpr int C_STRIDE = BN_OUT + 8;  // elements; +16 bytes per row spreads the fragment stores over banks
+    static_assert(BM * C_STRIDE * 2 <= STAGES * STAGE_BYTES, "epilogue staging must fit in the pipeline buffers");
+
+    // all shared memory is dynamic (the default 48 KiB limit counts static bytes too): the pipeline, then the
+    // work item (expert, tile index inside the expert, m-tiles of the expert)
+    extern __shared__ __align__(128) unsigned char smem[];
+    int* s_work = reinterpret_cast<int*>(smem + STAGES * STAGE_BYTES);
+
+    const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+    const int n_tiles = (N + BN - 1) / BN;
+
+    // ---- which (expert, m-tile, n-tile) this CTA owns
+    if (warp == 0) {
+        if (lane == 0) s_work[0] = -1;
+        __syncwarp();
+        const int tile = blockIdx.x;
+        int base = 0;
+        for (int e0 = 0; e0 < experts; e0 += 32) {
+            const int e = e0 + lane;
+            const int count = e < experts ? offsets[e + 1] - offsets[e] : 0;
+            const int m_tiles = (count + BM - 1) / BM;
+            const int t = m_tiles * n_tiles;
+            int incl = t;
+#pragma unroll
+            for (int o = 1; o < 32; o <<= 1) {
+                const int v = __shfl_up_sync(0xffffffffu, incl, o);
+                if (lane >= o) incl += v;
+            }
+            const int start = base + incl - t;
+            const bool mine = t > 0 && tile >= start && tile < start + t;
+            if (mine) s_work[0] = e, s_work[1] = tile - start, s_work[2] = m_tiles;
+            if (__any_sync(0xffffffffu, mine)) break;
+            base += __shfl_sync(0xffffffffu, incl, 31);
+        }
+    }
+    __syncthreads();
+    const int e = s_work[0];
+    if (e < 0) return;
+    int m_tile, n_tile;
+    {
+        const int local = s_work[1], m_tiles = s_work[2];
+        const int per_group = GROUP_M * n_tiles;
+        const int first_m = local / per_group * GROUP_M;
+        const int group_m = min(m_tiles - first_m, GROUP_M);
+        m_tile = first_m + (local % per_group) % group_m;
+        n_tile = (local % per_group) / group_m;
+    }
+    const int row0 = offsets[e] + m_tile * BM;
+    const int rows_here = min(BM, offsets[e + 1] - row0);
+    const int n0 = n_tile * BN;
+    const int k_tiles = (K + BK - 1) / BK;
+
+    // ---- this thread's cp.async sources: chunk c of rows r0, r0 + RSTEP, ...
+    const int c = tid % CH, r0 = tid / CH;
+    const T* a_src = a + (size_t)(row0 + r0) * K + c * 8;
+    const T* b_src = b + ((size_t)e * N + n0 + r0) * K + c * 8;
+    const size_t step = (size_t)RSTEP * K;
+    const unsigned smem0 = mma::smem_addr(smem);
+
+    auto load_stage = [&](int slot, int kt) {
+        const bool k_ok = kt * BK + c * 8 < K;
+        const unsigned sa = smem0 + slot * STAGE_BYTES, sb = sa + A_BYTES;
+#pragma unroll
+        for (int j = 0; j < A_ITERS; ++j) {
+            const bool ok = k_ok && r0 + j * RSTEP < rows_here;
+            mma::cp_async_16(sa + mma::swizzle<BK>(r0 + j * RSTEP, c), ok ? a_src + j * step + kt * BK : a, ok ? 16 : 0);
+        }
+#pragma unroll
+        for (int j = 0; j < B_ITERS; ++j) {
+            const bool ok = k_ok && n0 + r0 + j * RSTEP < N;
+            mma::cp_async_16(sb + mma::swizzle<BK>(r0 + j * RSTEP, c), ok ? b_src + j * step + kt * BK : b, ok ? 16 : 0);
+        }
+    };
+
+    float acc[MI][NI][4];
+#pragma unroll
+    for (int i = 0; i < MI; ++i)
+#pragma unroll
+        for (int j = 0; j < NI; ++j)
+#pragma unroll
+            for (int q = 0; q < 4; ++q) acc[i][j][q] = 0.f;
+
+#pragma unroll
+    for (int s = 0; s < STAGES - 1; ++s) {
+        if (s < k_tiles) load_stage(s, s);
+        mma::cp_async_commit();
+    }
+
+    const int wm = warp / WARPS_N, wn = warp % WARPS_N;
+    // ldmatrix row/chunk of this lane: A x4 = (rows 0-7, k lo), (rows 8-15, k lo), (rows 0-7, k hi), (8-15, hi);
+    // B x4 = (n 0-7, k lo), (n 0-7, k hi), (n 8-15, k lo), (n 8-15, k hi)
+    const int a_row = wm * WM + (lane & 15), a_chunk = lane >> 4;
+    const int b_row = wn * WN + ((lane >> 4) << 3) + (lane & 7), b_chunk = (lane >> 3) & 1;
+
+    for (int kt = 0; kt < k_tiles; ++kt) {
+        mma::cp_async_wait<STAGES - 2>();
+        __syncthreads();  // stage kt landed for every thread; every warp is done with stage kt - 1
+        const int next = kt + STAGES - 1;
+        if (next < k_tiles) load_stage(next % STAGES, next);
+        mma::cp_async_commit();
+
+        const unsigned sa = smem0 + (kt % STAGES) * STAGE_BYTES, sb = sa + A_BYTES;
+#pragma unroll
+        for (int ks = 0; ks < BK / 16; ++ks) {
+            unsigned af[MI][4], bf[NI][2];
+#pragma unroll
+            for (int i = 0; i < MI; ++i) mma::ldmatrix_x4(af[i], sa + mma::swizzle<BK>(a_row + i * 16, ks * 2 + a_chunk));
+#pragma unroll
+            for (int p = 0; p < NI / 2; ++p) {
+                unsigned r[4];
+                mma::ldmatrix_x4(r, sb + mma::swizzle<BK>(b_row + p * 16, ks * 2 + b_chunk));
+                bf[2 * p][0] = r[0], bf[2 * p][1] = r[1], bf[2 * p + 1][0] = r[2], bf[2 * p + 1][1] = r[3];
+            }
+#pragma unroll
+            for (int i = 0; i < MI; ++i)
+#pragma unroll
+                for (int j = 0; j < NI; ++j) mma::mma_16816<T>(acc[i][j], af[i], bf[j]);
+        }
+    }
+    mma::cp_async_wait<0>();
+    __syncthreads();  // the pipeline buffers become the output staging tile
+
+    // ---- epilogue
+    if constexpr (sizeof(TO) == 4) {
+        // fp32 output (no activation): each 4-lane group writes 32 contiguous bytes of a row, full sectors
+        static_assert(EPI == EPI_NONE, "fp32 output is for the plain GEMM");
+#pragma unroll
+        for (int i = 0; i < MI; ++i)
+#pragma unroll
+            for (int h = 0; h < 2; ++h) {
+                const int r = wm * WM + i * 16 + (lane >> 2) + h * 8;
+                if (r >= rows_here) continue;
+                const float scale = row_scale != nullptr ? row_scale[row0 + r] : 1.f;
+#pragma unroll
+                for (int j = 0; j < NI; ++j) {
+                    const int col = n0 + wn * WN + j * 8 + 2 * (lane & 3);
+                    if (col < N)
+                        *reinterpret_cast<float2*>(out + (size_t)(row0 + r) * N + col) =
+                            make_float2(acc[i][j][2 * h] * scale, acc[i][j][2 * h + 1] * scale);
+                }
+            }
+        return;
+    } else {
+    // fragments -> shared (activation, row scale, conversion) -> 16-byte stores
+    T* c_tile = reinterpret_cast<T*>(smem);
+#pragma unroll
+    for (int i = 0; i < MI; ++i) {
+#pragma unroll
+        for (int h = 0; h < 2; ++h) {
+            const int r = wm * WM + i * 16 + (lane >> 2) + h * 8;
+            const float scale = (row_scale != nullptr && r < rows_here) ? row_scale[row0 + r] : 1.f;
+#pragma unroll
+            for (int j = 0; j < NI; ++j) {
+                const int col = wn * WN + j * 8 + 2 * (lane & 3);
+                const float v0 = acc[i][j][2 * h], v1 = acc[i][j][2 * h + 1];
+                if constexpr (EPI == EPI_SWIGLU) {
+                    const float silu = v0 / (1.f + __expf(-v0));
+                    c_tile[r * C_STRIDE + col / 2] = mma::Convert<T>::from(silu * v1 * scale);
+                } else {
+                    *reinterpret_cast<unsigned*>(c_tile + r * C_STRIDE + col) =
+                        mma::Convert<T>::pack(activate<EPI>(v0) * scale, activate<EPI>(v1) * scale);
+                }
+            }
+        }
+    }
+    __syncthreads();
+    constexpr int OCH = BN_OUT / 8;
+    const int n_out = EPI == EPI_SWIGLU ? N / 2 : N;
+    const int n_out0 = n_tile * BN_OUT;
+    for (int idx = tid; idx < BM * OCH; idx += THREADS) {
+        const int r = idx / OCH, oc = idx % OCH;
+        if (r < rows_here && n_out0 + oc * 8 < n_out)
+            *reinterpret_cast<uint4*>(out + (size_t)(row0 + r) * n_out + n_out0 + oc * 8) =
+                *reinterpret_cast<const uint4*>(c_tile + r * C_STRIDE + oc * 8);
+    }
+    }
+}

@@ -1,0 +1,170 @@
+"""Grouped GEMM checks that need no GPU: plans fit every profile, every planned variant compiles offline for every
+profile's arch without spills, sm_75 is refused clearly, input validation, the reference."""
+import numpy as np
+import pytest
+
+from cukernels import compile, device, dtypes, tiling
+from moe import gemm_configs
+from moe.grouped_gemm import SOURCE, grouped_gemm, interleave_gate_up, reference, validate
+
+BF16 = dtypes.BF16
+PROBLEMS = [
+    gemm_configs.GemmProblem(rows=8192, n=11008, k=4096, experts=32, dtype="bf16"),
+    gemm_configs.GemmProblem(rows=65536, n=22016, k=4096, experts=32, dtype="fp16", epilogue="swiglu"),
+    gemm_configs.GemmProblem(rows=4096, n=4096, k=11008, experts=32, dtype="bf16"),
+    gemm_configs.GemmProblem(rows=100, n=64, k=64, experts=8, dtype="fp16", epilogue="gelu"),
+]
+SUPPORTED = [s for s in device.all_profiles() if tuple(s.compute_capability) >= gemm_configs.MIN_CC]
+
+
+@pytest.mark.parametrize("spec", SUPPORTED, ids=lambda s: s.key)
+@pytest.mark.parametrize("problem", PROBLEMS, ids=lambda p: f"{p.rows}x{p.n}x{p.k}")
+def test_plan_fits(spec, problem):
+    plan = gemm_configs.plan(problem, spec)
+    assert plan.smem_bytes <= spec.smem_per_block_optin
+    assert plan.config.threads <= spec.max_threads_per_block
+    assert plan.config in gemm_configs.variants(spec)
+    assert "smem" in str(plan)
+
+
+def test_hopper_gets_the_large_deep_tile():
+    plan = gemm_configs.plan(PROBLEMS[0], device.profile("h200"))
+    assert (plan.config.block_m, plan.config.block_n, plan.config.stages) == (128, 256, 4)
+
+
+def test_small_memory_gpus_get_smaller_pipelines():
+    cfg = gemm_configs.plan(PROBLEMS[0], device.profile("gb10")).config
+    assert cfg.smem_bytes() <= 101376 and cfg.block_n == 128
+
+
+def test_sm75_is_refused_with_a_clear_plan_error():
+    with pytest.raises(tiling.PlanError, match="compute capability 8.0"):
+        gemm_configs.plan(PROBLEMS[0], device.profile("t4"))
+
+
+def _variants_by_arch():
+    by_arch: dict[str, set] = {}
+    for spec in SUPPORTED:
+        by_arch.setdefault(spec.arch, set()).update(gemm_configs.variants(spec))
+    return by_arch
+
+
+@pytest.mark.parametrize("arch", sorted(_variants_by_arch()))
+def test_every_planned_variant_compiles_without_spills(arch):
+    configs = sorted(_variants_by_arch()[arch], key=str)
+    exprs = [c.name_expression(dtype=dt, epilogue=ep) for c in configs for dt in (np.float16, BF16)
+             for ep in gemm_configs.EPILOGUES]
+    exprs += [c.name_expression(dtype=dt, out_dtype=np.float32) for c in configs for dt in (np.float16, BF16)]
+    res = compile.compile_offline(SOURCE, exprs, arch)
+    for expr, r in res.items():
+        assert r.spills == 0 and r.stack_bytes == 0, f"{arch} {expr}: {r}"
+        assert r.registers <= 255
+
+
+def test_min_blocks_register_cap_holds():
+    cfg = gemm_configs.MEDIUM[0]
+    res = compile.compile_offline(SOURCE, [cfg.name_expression(dtype=BF16, epilogue="swiglu")], "sm_90a")
+    (r,) = res.values()
+    assert r.registers * cfg.threads * cfg.min_blocks <= 65536
+
+
+def test_config_validation():
+    with pytest.raises(ValueError, match="block_k"):
+        gemm_configs.GemmConfig(block_m=128, block_n=128, block_k=16, warps_m=2, warps_n=4, stages=3)
+    with pytest.raises(ValueError, match="multiples of 16"):
+        gemm_configs.GemmConfig(block_m=128, block_n=40, block_k=64, warps_m=2, warps_n=4, stages=3)
+    with pytest.raises(ValueError, match="epilogue"):
+        gemm_configs.LARGE[0].name_expression(dtype=BF16, epilogue="relu")
+
+
+def test_grid_bounds_every_split():
+    cfg = gemm_configs.LARGE[0]
+    p = gemm_configs.GemmProblem(rows=1000, n=512, k=64, experts=8, dtype="bf16")
+    rng = np.random.default_rng(0)
+    for _ in range(100):
+        cuts = np.sort(rng.integers(0, 1001, size=7))
+        counts = np.diff(np.concatenate([[0], cuts, [1000]]))
+        tiles = sum(-(-int(c) // cfg.block_m) for c in counts) * 2
+        assert tiles <= cfg.grid(p)
+
+
+# ---------------------------------------------------------------- validation (no GPU touched)
+
+
+def _args(rows=64, n=32, k=16, experts=4, dtype=np.float16):
+    return (np.zeros((rows, k), dtype), np.zeros((experts, n, k), dtype), np.zeros(experts + 1, np.int32))
+
+
+@pytest.mark.parametrize("change,exc,match", [
+    (lambda a, b, o: (a[:, :8], b, o), ValueError, "must match"),
+    (lambda a, b, o: (a[0], b, o), ValueError, "a must be 2-D"),
+    (lambda a, b, o: (a, b[0], o), ValueError, "b must be 3-D"),
+    (lambda a, b, o: (a.astype(np.float32), b, o), TypeError, "a must be float16 or bfloat16"),
+    (lambda a, b, o: (a, b.view(np.uint16), o), TypeError, "b must have a's dtype"),
+    (lambda a, b, o: (a, b, o[:-1]), ValueError, "offsets must be 1-D"),
+    (lambda a, b, o: (a, b, o.astype(np.int64)), TypeError, "offsets must be int32"),
+    (lambda a, b, o: (a[:, :12].copy(), b[:, :, :12].copy(), o), ValueError, "multiple of 8"),
+    (lambda a, b, o: (a, b[:, :12].copy(), o), ValueError, "N = 12"),
+    (lambda a, b, o: (np.asfortranarray(a), b, o), ValueError, "C-contiguous"),
+])
+def test_validation_errors(change, exc, match):
+    a, b, o = change(*_args())
+    with pytest.raises(exc, match=match):
+        grouped_gemm(a, b, o)
+
+
+def test_swiglu_needs_n_multiple_of_16():
+    a, b, o = _args(n=24)
+    validate(a, b, o)
+    with pytest.raises(ValueError, match="multiple of 16"):
+        grouped_gemm(a, b, o, epilogue="swiglu")
+
+
+def test_row_scale_and_epilogue_validation():
+    a, b, o = _args()
+    with pytest.raises(ValueError, match="row_scale must be 1-D"):
+        grouped_gemm(a, b, o, row_scale=np.ones(3, np.float32))
+    with pytest.raises(TypeError, match="row_scale must be float32"):
+        grouped_gemm(a, b, o, row_scale=np.ones(64, np.float16))
+    with pytest.raises(ValueError, match="epilogue"):
+        grouped_gemm(a, b, o, epilogue="silu")
+
+
+def test_out_dtype_validation():
+    a, b, o = _args()
+    validate(a, b, o, out_dtype=np.float32)
+    with pytest.raises(TypeError, match="out_dtype"):
+        grouped_gemm(a, b, o, out_dtype=np.float64)
+    with pytest.raises(ValueError, match="plain GEMM"):
+        grouped_gemm(a, b, o, epilogue="gelu", out_dtype=np.float32)
+
+
+def test_host_arrays_are_refused_after_validation():
+    with pytest.raises(TypeError, match="cupy.ndarray"):
+        grouped_gemm(*_args())
+
+
+# ---------------------------------------------------------------- reference
+
+
+def test_reference_matches_a_dense_matmul_per_group():
+    rng = np.random.default_rng(1)
+    a = rng.standard_normal((50, 16)).astype(np.float16)
+    b = rng.standard_normal((3, 32, 16)).astype(np.float16)
+    off = np.array([0, 20, 20, 50], np.int32)
+    ref = reference(a, b, off)
+    np.testing.assert_allclose(ref[20:], a[20:].astype(np.float64) @ b[2].T.astype(np.float64))
+    scale = rng.random(50).astype(np.float32)
+    np.testing.assert_allclose(reference(a, b, off, row_scale=scale), ref * scale[:, None].astype(np.float64))
+
+
+def test_interleave_and_swiglu_reference():
+    rng = np.random.default_rng(2)
+    g, u = rng.standard_normal((2, 4, 8)), rng.standard_normal((2, 4, 8))
+    w = interleave_gate_up(g, u)
+    assert w.shape == (2, 8, 8) and np.array_equal(w[:, 0::2], g) and np.array_equal(w[:, 1::2], u)
+    a = rng.standard_normal((6, 8))
+    off = np.array([0, 6, 6], np.int32)
+    got = reference(a, w, off, epilogue="swiglu")
+    gate = a @ g[0].T
+    np.testing.assert_allclose(got, gate / (1 + np.exp(-gate)) * (a @ u[0].T))

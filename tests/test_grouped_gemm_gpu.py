@@ -1,0 +1,173 @@
+"""Grouped GEMM and MoE layer on a GPU, against float64 references: random and empty groups, ragged tails in M,
+N and K, both dtypes, every epilogue, every config that fits, poisoned outputs, CUDA-graph capture of the layer."""
+import numpy as np
+import pytest
+
+from cukernels import checks, device, dtypes
+from moe import gemm_configs
+from moe.grouped_gemm import grouped_gemm, interleave_gate_up, reference
+from moe.layer import MoELayer, reference_forward
+
+pytestmark = pytest.mark.gpu
+DTYPES = [np.float16, dtypes.BF16]
+TOL = {"fp16": checks.Tolerance(atol=1e-3, naive_factor=2.0), "bf16": checks.Tolerance(atol=8e-3, naive_factor=2.0)}
+
+
+def _groups(rows, experts, rng, *, empty=(1,)):
+    """Random group sizes summing to rows, with the experts in ``empty`` given no rows."""
+    w = rng.random(experts)
+    w[list(empty)] = 0
+    counts = np.floor(w / w.sum() * rows).astype(np.int64)
+    counts[int(np.argmax(w))] += rows - counts.sum()
+    return np.concatenate([[0], np.cumsum(counts)]).astype(np.int32)
+
+
+def _problem(rows, n, k, experts, dtype, seed, *, empty=(1,)):
+    import cupy
+
+    rng = np.random.default_rng(seed)
+    a = dtypes.random((rows, k), dtype, seed=seed)
+    b = dtypes.random((experts, n, k), dtype, seed=seed + 1, scale=1.0 / np.sqrt(k))
+    off = _groups(rows, experts, rng, empty=empty)
+    return a, b, cupy.asarray(off), off
+
+
+def _naive(ref, dtype):
+    """The reference rounded to the storage dtype: the error no kernel can avoid."""
+    return dtypes.to_float32(dtypes.from_float32(ref.astype(np.float32), dtype))
+
+
+def _check(out, ref, dtype, name):
+    res = checks.compare(out, ref, tol=TOL[dtypes.dtype_name(dtype)], naive=_naive(ref, dtype), name=name)
+    res.raise_if_failed()
+    return res
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=dtypes.dtype_name)
+@pytest.mark.parametrize("epilogue", [None, "swiglu", "gelu"])
+@pytest.mark.parametrize("scaled", [False, True])
+def test_grouped_gemm_matches_reference(dtype, epilogue, scaled):
+    import cupy
+
+    # 1000 rows over 7 experts (one empty): tails in M; N = 336 is not a multiple of 128/256; K = 264 not of 64
+    a, b, off_d, _ = _problem(1000, 336, 264, 7, dtype, seed=11)
+    scale = cupy.random.default_rng(3).random(1000, dtype=cupy.float32) + 0.5 if scaled else None
+    checks.poison_pool(64 << 20)
+    out = grouped_gemm(a, b, off_d, epilogue=epilogue, row_scale=scale)
+    ref = reference(a, b, off_d, epilogue=epilogue, row_scale=scale)
+    _check(out, ref, dtype, f"grouped_gemm {dtypes.dtype_name(dtype)} {epilogue} scaled={scaled}")
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=dtypes.dtype_name)
+def test_fp32_output(dtype):
+    import cupy
+
+    a, b, off_d, _ = _problem(300, 40, 72, 3, dtype, seed=21, empty=())
+    scale = cupy.random.default_rng(5).random(300, dtype=cupy.float32)
+    checks.poison_pool(16 << 20)
+    out = grouped_gemm(a, b, off_d, out_dtype=np.float32, row_scale=scale)
+    assert out.dtype == np.float32
+    ref = reference(a, b, off_d, row_scale=scale)
+    checks.compare(out, ref, tol=checks.Tolerance(atol=1e-4, rtol=1e-4), name="fp32 out").raise_if_failed()
+
+
+def test_every_config_that_fits():
+    import cupy
+
+    spec = device.current()
+    a, b, off_d, _ = _problem(777, 528, 136, 5, dtypes.BF16, seed=5, empty=(0, 3))
+    scale = cupy.random.default_rng(4).random(777, dtype=cupy.float32)
+    for epilogue in (None, "swiglu"):
+        ref = reference(a, b, off_d, epilogue=epilogue, row_scale=scale)
+        for cfg in gemm_configs.ALL:
+            if cfg.smem_bytes() > spec.smem_per_block_optin:  # the 48 KiB edge (MEDIUM[2]) included
+                continue
+            checks.poison_pool(64 << 20)
+            out = grouped_gemm(a, b, off_d, epilogue=epilogue, row_scale=scale, config=cfg)
+            _check(out, ref, dtypes.BF16, f"{cfg} {epilogue}")
+
+
+@pytest.mark.parametrize("counts", [[0, 0, 300, 0], [1, 0, 0, 0], [0, 0, 0, 129], [128, 128, 0, 256]])
+def test_edge_group_sizes(counts):
+    import cupy
+
+    rows = sum(counts)
+    a = dtypes.random((rows, 64), np.float16, seed=1)
+    b = dtypes.random((4, 64, 64), np.float16, seed=2, scale=0.125)
+    off = cupy.asarray(np.concatenate([[0], np.cumsum(counts)]).astype(np.int32))
+    checks.poison_pool(16 << 20)
+    out = grouped_gemm(a, b, off)
+    _check(out, reference(a, b, off), np.float16, f"counts {counts}")
+
+
+def test_zero_rows_and_torch_inputs():
+    import cupy
+
+    b = dtypes.random((3, 16, 16), dtypes.BF16, seed=1)
+    out = grouped_gemm(cupy.empty((0, 16), dtypes.BF16), b, cupy.zeros(4, cupy.int32))
+    assert out.shape == (0, 16)
+    torch = pytest.importorskip("torch")
+    a = dtypes.random((40, 16), dtypes.BF16, seed=2)
+    off = cupy.asarray([0, 10, 10, 40], dtype=cupy.int32)
+    got = grouped_gemm(dtypes.like_input(a, True), dtypes.like_input(b, True), off)
+    assert isinstance(got, torch.Tensor) and got.dtype == torch.bfloat16
+    _check(dtypes.as_cupy(got, name="got")[0], reference(a, b, off), dtypes.BF16, "torch in/out")
+
+
+def test_large_k_accumulates_in_fp32():
+    a, b, off_d, _ = _problem(512, 256, 4096, 4, dtypes.BF16, seed=9, empty=())
+    _check(grouped_gemm(a, b, off_d), reference(a, b, off_d), dtypes.BF16, "K=4096")
+
+
+# ---------------------------------------------------------------- layer
+
+
+def _layer(tokens, hidden, inter, experts, top_k, dtype, activation, seed=0):
+    import cupy
+
+    x = dtypes.random((tokens, hidden), dtype, seed=seed)
+    router = cupy.random.default_rng(seed + 1).standard_normal((hidden, experts), dtype=cupy.float32)
+    n_up = 2 * inter if activation == "swiglu" else inter
+    if activation == "swiglu":
+        g = dtypes.random((experts, inter, hidden), dtype, seed=seed + 2, scale=1 / np.sqrt(hidden))
+        u = dtypes.random((experts, inter, hidden), dtype, seed=seed + 3, scale=1 / np.sqrt(hidden))
+        w_up = interleave_gate_up(g, u)
+    else:
+        w_up = dtypes.random((experts, n_up, hidden), dtype, seed=seed + 2, scale=1 / np.sqrt(hidden))
+    w_down = dtypes.random((experts, hidden, inter), dtype, seed=seed + 4, scale=1 / np.sqrt(inter))
+    return x, router, w_up, w_down
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=dtypes.dtype_name)
+@pytest.mark.parametrize("activation", ["swiglu", "gelu"])
+def test_layer_matches_reference(dtype, activation):
+    x, router, w_up, w_down = _layer(300, 256, 384, 8, 2, dtype, activation)
+    layer = MoELayer(router, w_up, w_down, 2, activation=activation)
+    checks.poison_pool(64 << 20)
+    out = layer(x)
+    ref = reference_forward(x, router, w_up, w_down, 2, activation=activation)
+    naive = reference_forward(x, router, w_up, w_down, 2, activation=activation, round_to=dtype)
+    naive = _naive(naive, dtype)
+    res = checks.compare(out, ref, tol=TOL[dtypes.dtype_name(dtype)], naive=naive, name=f"layer {activation}")
+    res.raise_if_failed()
+
+
+def test_layer_is_graph_capturable():
+    import cupy
+
+    x, router, w_up, w_down = _layer(512, 128, 256, 8, 2, dtypes.BF16, "swiglu", seed=4)
+    layer = MoELayer(router, w_up, w_down, 2)
+    # the inputs and the layer's weights were made on the null stream, which a non-blocking stream does not
+    # wait for
+    cupy.cuda.Device().synchronize()
+    stream = cupy.cuda.Stream(non_blocking=True)
+    with stream:
+        eager = layer(x)
+        stream.synchronize()
+        stream.begin_capture()
+        out = layer(x)  # any host synchronisation inside raises during capture
+        graph = stream.end_capture()
+        checks.poison(out)
+        graph.launch()
+        stream.synchronize()
+    assert bool((out == eager).all())
