@@ -34,6 +34,9 @@ class OpBench:
     # per implementation, the expected-row fields that hold its expected time (first present wins)
     expected_fields: dict[str, Sequence[str]] = dataclasses.field(default_factory=dict)
     reference_impl: str | None = None  # the live reference for "percent of reference" and grades
+    reference_of: Callable[[bench.Case], str | None] | None = None  # per case, when it depends on the case
+    # (kind, row name) of a case in the expected table; default (expected_kind, case.name)
+    expected_key: Callable[[bench.Case], tuple[str, str] | None] | None = None
     add_arguments: Callable[[argparse.ArgumentParser], None] = lambda parser: None
     extra_output: Callable[[list[bench.Result], argparse.Namespace], str] = lambda results, args: ""
 
@@ -100,12 +103,23 @@ def _plan(ob: OpBench, args) -> int:
 def score_rows(ob: OpBench, results: list[bench.Result], spec: device.DeviceSpec, cases: dict[str, bench.Case],
                table: score.Table | None) -> list[dict]:
     """Expected value, verdict, percent of reference and grade for every result row."""
-    live_ref = {r.case: r for r in results if r.impl == ob.reference_impl and r.ok}
+    def ref_name(case_name: str) -> str | None:
+        case = cases.get(case_name)
+        return ob.reference_of(case) if (ob.reference_of and case) else ob.reference_impl
+
+    def expected_row(case: bench.Case | None) -> dict | None:
+        if table is None or case is None:
+            return None
+        key = ob.expected_key(case) if ob.expected_key else ((ob.expected_kind, case.name) if ob.expected_kind
+                                                             else None)
+        return table.find(*key) if key else None
+
+    live_ref = {r.case: r for r in results if r.ok and r.impl == ref_name(r.case)}
     out = []
     for r in results:
         row: dict[str, Any] = {"expected ms": "", "vs expected": "", "% of ref": "", "grade": ""}
         case = cases.get(r.case)
-        exp = table.find(ob.expected_kind, r.case) if (table and ob.expected_kind) else None
+        exp = expected_row(case)
         if exp is not None and r.ok and case is not None:
             fields = ob.expected_fields.get(r.impl, ("expected_ms",))
             expected_ms = next((exp[f] for f in fields if f in exp), None)

@@ -24,12 +24,36 @@ def _seed004(batch: int, seq: int) -> MoEShape:
                     intermediate=11008, tags=("seed004", "primary"))
 
 
-SHAPES: tuple[MoEShape, ...] = (
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class GemmShape:
+    """A grouped GEMM: ``rows`` x ``n`` x ``k`` split over ``experts`` groups ("one", "equal" or "random" sizes)."""
+
+    name: str
+    rows: int
+    n: int
+    k: int
+    experts: int
+    split: str
+    tags: tuple[str, ...] = ()
+
+
+def _gemm(split: str) -> GemmShape:
+    experts = 1 if split == "one" else 32
+    return GemmShape(name=f"gemm_8192x11008x4096_{'1group' if split == 'one' else f'E32_{split}'}", rows=8192,
+                     n=11008, k=4096, experts=experts, split=split, tags=("gemm", "primary"))
+
+
+SHAPES: tuple[MoEShape | GemmShape, ...] = (
     MoEShape(name="route_T32768_E32_top2", tokens=32768, experts=32, top_k=2, tags=("routing", "primary")),
     MoEShape(name="route_T32768_E256_top8", tokens=32768, experts=256, top_k=8, tags=("routing", "primary")),
     _seed004(4, 512),
     _seed004(16, 2048),
     _seed004(32, 2048),
+    _gemm("one"),
+    _gemm("equal"),
+    _gemm("random"),
+    GemmShape(name="quick_gemm_1000x512x256_E8", rows=1000, n=512, k=256, experts=8, split="random",
+              tags=("quick",)),
     MoEShape(name="quick_T256_E8_top2", tokens=256, experts=8, top_k=2, hidden=256, tags=("quick", "ci")),
     MoEShape(name="quick_T1000_E60_top4", tokens=1000, experts=60, top_k=4, hidden=384, tags=("quick", "ci")),
     MoEShape(name="ci_T4096_E256_top8", tokens=4096, experts=256, top_k=8, hidden=1024, tags=("ci",)),
@@ -41,6 +65,7 @@ SUITES = {
     "routing": "routing",
     "seed004": "seed004",
     "primary": "primary",
+    "gemm": "gemm",
 }
 
 
@@ -48,7 +73,7 @@ def suite_names() -> list[str]:
     return [*SUITES, "all"]
 
 
-def suite(name: str) -> list[MoEShape]:
+def suite(name: str) -> list[MoEShape | GemmShape]:
     if name == "all":
         return list(SHAPES)
     if name not in SUITES:
