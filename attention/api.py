@@ -1,0 +1,270 @@
+"""``flash_attention``: validation (before any device work), planning, launch.
+
+Accepted tensors: CuPy arrays or torch CUDA tensors. q ``[batch, seq_q, heads, head_dim]``, k and v
+``[batch, seq_kv, kv_heads, head_dim]``, all float16 or all bfloat16 (a CuPy ``uint16`` array holds bf16 bits,
+see cukernels/dtypes.py); head_dim 64, 128 or 256; heads a multiple of kv_heads (GQA/MQA, K/V never repeated).
+
+Strides: the head_dim axis must be contiguous (stride 1); the batch, seq and heads axes may have any
+non-negative stride that is a multiple of 8 elements (16 bytes), e.g. a slice of a packed qkv tensor; the data
+pointer must be 16-byte aligned. The output is a new contiguous array like q; LSE float32 ``[batch, heads,
+seq_q]`` (natural log) when ``return_lse``. A query row with no visible key gives zeros and LSE -inf.
+"""
+from __future__ import annotations
+
+import math
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from cukernels import compile as _compile
+from cukernels import device as _device
+from cukernels import dtypes
+
+from .configs import HEAD_DIMS, MASK_SEGMENTS, FwdProblem, plan_forward
+
+KERNEL_SOURCE = Path(__file__).parent / "kernels" / "flash_fwd.cu"
+_ALIGN_ELEMS = 8  # 16-byte cp.async copies
+
+
+def _torch_dtype_name(dt) -> str | None:
+    return {"torch.float16": "fp16", "torch.bfloat16": "bf16"}.get(str(dt))
+
+
+def _describe(x: Any, name: str):
+    """(shape, dtype name or None, strides in elements, device id or None) from attributes alone."""
+    if x is None or not hasattr(x, "shape") or not hasattr(x, "dtype"):
+        raise TypeError(f"{name} must be a cupy.ndarray or a torch CUDA tensor, got {type(x).__name__}")
+    shape = tuple(int(s) for s in x.shape)
+    module = type(x).__module__
+    if module.startswith("torch"):
+        dtype = _torch_dtype_name(x.dtype)
+        strides = tuple(int(s) for s in x.stride())
+        dev = x.device.index if x.device.type == "cuda" else None
+        dtype_text = str(x.dtype)
+    else:
+        dt = np.dtype(x.dtype)
+        dtype = {dtypes.FP16: "fp16", dtypes.BF16: "bf16"}.get(dt)
+        strides = tuple(int(s) // dt.itemsize for s in getattr(x, "strides", ()) or ())
+        byte_strides = tuple(getattr(x, "strides", ()) or ())
+        if any(s % dt.itemsize for s in byte_strides):
+            strides = (None,) * len(shape)
+        dev = x.device.id if module.startswith("cupy") else None
+        dtype_text = str(dt)
+    return shape, dtype, strides, dev, dtype_text
+
+
+def _check_strides(name: str, shape, strides) -> None:
+    if len(strides) != len(shape) or any(s is None for s in strides):
+        raise ValueError(f"{name} has strides that are not whole elements: {strides}")
+    if strides[-1] != 1 and shape[-1] > 1:
+        raise ValueError(f"{name} must be contiguous along head_dim (last stride 1), got strides {strides} "
+                         f"(elements); use .contiguous() / cupy.ascontiguousarray")
+    bad = [s for s in strides[:-1] if s < 0 or s % _ALIGN_ELEMS]
+    if bad:
+        raise ValueError(f"{name}: batch/seq/heads strides must be non-negative multiples of {_ALIGN_ELEMS} "
+                         f"elements (16 bytes), got strides {strides} (elements)")
+
+
+def _check_ids(name: str, ids, batch: int, seq: int, seq_name: str):
+    shape, _, _, dev, _ = _describe_ids(ids, name)
+    if shape != (batch, seq):
+        raise ValueError(f"{name} must have shape [batch, {seq_name}] = {[batch, seq]}, got {list(shape)}")
+    return dev
+
+
+def _describe_ids(ids, name):
+    if ids is None or not hasattr(ids, "shape") or not hasattr(ids, "dtype"):
+        raise TypeError(f"{name} must be an int32 cupy.ndarray or torch CUDA tensor, got {type(ids).__name__}")
+    module = type(ids).__module__
+    if module.startswith("torch"):
+        ok = str(ids.dtype) == "torch.int32"
+        dev = ids.device.index if ids.device.type == "cuda" else None
+    else:
+        ok = np.dtype(ids.dtype) == np.int32
+        dev = ids.device.id if module.startswith("cupy") else None
+    if not ok:
+        raise TypeError(f"{name} must be int32, got {ids.dtype}")
+    return tuple(int(s) for s in ids.shape), None, None, dev, None
+
+
+def validate(q, k, v, *, causal=False, window=None, segment_ids=None, softmax_scale=None) -> FwdProblem:
+    """Check every argument from its attributes (no device work); return the problem or raise
+    ``ValueError``/``TypeError`` naming the argument."""
+    descs = {}
+    for name, x in (("q", q), ("k", k), ("v", v)):
+        shape, dt, strides, dev, dtype_text = _describe(x, name)
+        if len(shape) != 4:
+            raise ValueError(f"{name} must be 4-D [batch, seq, heads, head_dim], got shape {list(shape)}")
+        if dt is None:
+            raise TypeError(f"{name} must be float16 or bfloat16 (uint16 bf16 bits for CuPy), got {dtype_text}")
+        descs[name] = (shape, dt, strides, dev)
+    (qs, qdt, _, qdev), (ks, kdt, _, kdev), (vs, vdt, _, vdev) = descs["q"], descs["k"], descs["v"]
+    if not (qdt == kdt == vdt):
+        raise TypeError(f"q, k and v must share one dtype, got q {qdt}, k {kdt}, v {vdt}")
+    batch, seq_q, heads, head_dim = qs
+    if ks != vs:
+        raise ValueError(f"k and v must have the same shape, got k {list(ks)} and v {list(vs)}")
+    if ks[0] != batch:
+        raise ValueError(f"k/v batch {ks[0]} differs from q batch {batch}")
+    if ks[3] != head_dim:
+        raise ValueError(f"k/v head_dim {ks[3]} differs from q head_dim {head_dim}")
+    if head_dim not in HEAD_DIMS:
+        raise ValueError(f"head_dim must be one of {HEAD_DIMS}, got {head_dim} (q shape {list(qs)})")
+    seq_kv, kv_heads = ks[1], ks[2]
+    for label, n in (("batch", batch), ("q seq", seq_q), ("q heads", heads), ("k/v seq", seq_kv),
+                     ("k/v heads", kv_heads)):
+        if n < 1:
+            raise ValueError(f"{label} must be >= 1, got {n}")
+    if seq_q >= 2**28 or seq_kv >= 2**28:
+        raise ValueError(f"sequence lengths must be < 2**28, got seq_q={seq_q}, seq_kv={seq_kv}")
+    if heads % kv_heads:
+        raise ValueError(f"q heads ({heads}) must be a multiple of k/v heads ({kv_heads})")
+    for name in ("q", "k", "v"):
+        shape, _, strides, _ = descs[name]
+        _check_strides(name, shape, strides)
+    devs = {qdev, kdev, vdev}
+
+    if not isinstance(causal, (bool, np.bool_)):
+        raise TypeError(f"causal must be a bool, got {causal!r}")
+    if window is not None:
+        if (not isinstance(window, (tuple, list)) or len(window) != 2
+                or not all(isinstance(w, (int, np.integer)) and not isinstance(w, bool) for w in window)):
+            raise TypeError(f"window must be None or a pair of ints (left, right), got {window!r}")
+        left, right = (int(w) for w in window)
+        if left < -1 or right < -1:
+            raise ValueError(f"window values must be >= 0, or -1 for unbounded, got {window!r}")
+        if causal and right not in (0, -1):
+            raise ValueError(f"with causal=True the window's right side is 0 (keys after the query are hidden); "
+                             f"got window={window!r}: pass (left, 0) or causal=False")
+        window = (left, right)
+
+    segments = segment_ids is not None
+    if segments:
+        if isinstance(segment_ids, (tuple, list)):
+            if len(segment_ids) != 2:
+                raise ValueError("segment_ids must be one [batch, seq] array or a (q_ids, kv_ids) pair, got a "
+                                 f"sequence of {len(segment_ids)}")
+            devs.add(_check_ids("segment_ids[0] (q ids)", segment_ids[0], batch, seq_q, "seq_q"))
+            devs.add(_check_ids("segment_ids[1] (kv ids)", segment_ids[1], batch, seq_kv, "seq_kv"))
+        else:
+            if seq_q != seq_kv:
+                raise ValueError(f"one segment_ids array needs seq_q == seq_kv (got {seq_q} and {seq_kv}); "
+                                 "pass a (q_ids, kv_ids) pair")
+            devs.add(_check_ids("segment_ids", segment_ids, batch, seq_q, "seq"))
+
+    if softmax_scale is not None:
+        if isinstance(softmax_scale, bool) or not isinstance(softmax_scale, (int, float, np.floating, np.integer)):
+            raise TypeError(f"softmax_scale must be a float or None, got {softmax_scale!r}")
+        if not (math.isfinite(float(softmax_scale)) and float(softmax_scale) > 0):
+            raise ValueError(f"softmax_scale must be finite and > 0, got {softmax_scale!r}")
+
+    if None in devs:
+        raise TypeError("q, k, v (and segment_ids) must be CuPy arrays or torch CUDA tensors on a GPU; "
+                        "got host data (numpy array or CPU tensor)")
+    if len(devs) != 1:
+        raise ValueError(f"q, k, v (and segment_ids) must be on one device, got devices {sorted(devs)}")
+    return FwdProblem(batch=batch, seq_q=seq_q, seq_kv=seq_kv, heads=heads, kv_heads=kv_heads,
+                      head_dim=head_dim, dtype=qdt, causal=bool(causal), window=window, segments=segments)
+
+
+def _window_bounds(problem: FwdProblem) -> tuple[int, int]:
+    """(left, right) in kv positions for the kernel; 'unbounded' becomes a span larger than any sequence."""
+    unbounded = problem.seq_q + problem.seq_kv
+    left, right = problem.window if problem.window is not None else (-1, -1)
+    if problem.causal:
+        right = 0
+    return (unbounded if left < 0 else left), (unbounded if right < 0 else right)
+
+
+def flash_attention(q, k, v, *, causal=False, window=None, segment_ids=None, softmax_scale=None,
+                    return_lse=False, plan=None):
+    """Scaled dot-product attention, FlashAttention-2 style, on CuPy arrays or torch CUDA tensors.
+
+    causal: query i sees keys j <= i + seq_kv - seq_q (bottom-right aligned). window=(left, right): query i sees
+    keys in [i' - left, i' + right], i' = i + seq_kv - seq_q, -1 = unbounded (right is 0 under causal).
+    segment_ids: int32 [batch, seq] (seq_q == seq_kv) or a (q_ids [batch, seq_q], kv_ids [batch, seq_kv])
+    pair: attend only where ids are equal. softmax_scale: default 1/sqrt(head_dim). ``plan``: a
+    ``cukernels.tiling.Plan`` to use instead of the planner's (benchmarks and tuning).
+    Returns o (like q), and float32 lse [batch, heads, seq_q] when ``return_lse``.
+    """
+    launch, o, lse, was_torch = prepare(q, k, v, causal=causal, window=window, segment_ids=segment_ids,
+                                        softmax_scale=softmax_scale, plan=plan)
+    launch()
+    out = dtypes.like_input(o, was_torch)
+    if return_lse:
+        return out, dtypes.like_input(lse, was_torch)
+    return out
+
+
+def prepare(q, k, v, *, causal=False, window=None, segment_ids=None, softmax_scale=None, plan=None):
+    """Validate, plan, compile and allocate once; return ``(launch, o, lse, was_torch)`` where ``launch()``
+    enqueues the kernel(s) writing o (CuPy, contiguous) and lse. Benchmarks time ``launch`` alone."""
+    problem = validate(q, k, v, causal=causal, window=window, segment_ids=segment_ids,
+                       softmax_scale=softmax_scale)
+    import cupy
+
+    qc, was_torch = dtypes.as_cupy(q, name="q")
+    kc, _ = dtypes.as_cupy(k, name="k")
+    vc, _ = dtypes.as_cupy(v, name="v")
+    for name, arr in (("q", qc), ("k", kc), ("v", vc)):
+        if arr.data.ptr % 16:
+            raise ValueError(f"{name}'s data pointer must be 16-byte aligned (offset views of a 16-byte "
+                             f"multiple only), got address {arr.data.ptr:#x}")
+
+    device_id = qc.device.id
+    with cupy.cuda.Device(device_id):
+        spec = _device.current()
+        if plan is None:
+            plan = plan_forward(problem, spec)
+        cfg = plan.config
+        if cfg.head_dim != problem.head_dim:
+            raise ValueError(f"plan is for head_dim {cfg.head_dim}, the inputs have {problem.head_dim}")
+        dtype = dtypes.from_name(problem.dtype)
+        kern = _compile.kernel(KERNEL_SOURCE, cfg.name_expression(dtype=dtype, mask=problem.mask))
+
+        B, Sq, H, D = problem.batch, problem.seq_q, problem.heads, problem.head_dim
+        Skv = problem.seq_kv
+        m_tiles = (Sq + cfg.block_m - 1) // cfg.block_m
+        n_tiles = (Skv + cfg.block_n - 1) // cfg.block_n
+        o = cupy.empty((B, Sq, H, D), dtype=dtype)
+        lse = cupy.empty((B, H, Sq), dtype=cupy.float32)
+
+        pre = []
+        if problem.mask & MASK_SEGMENTS:
+            if isinstance(segment_ids, (tuple, list)):
+                q_ids = cupy.ascontiguousarray(dtypes.as_cupy(segment_ids[0], name="segment_ids[0]")[0])
+                kv_ids = cupy.ascontiguousarray(dtypes.as_cupy(segment_ids[1], name="segment_ids[1]")[0])
+            else:
+                q_ids = kv_ids = cupy.ascontiguousarray(dtypes.as_cupy(segment_ids, name="segment_ids")[0])
+            q_ranges = cupy.empty((B, m_tiles, 2), dtype=cupy.int32)
+            kv_ranges = cupy.empty((B, n_tiles, 2), dtype=cupy.int32)
+            ranges = _compile.kernel(KERNEL_SOURCE, "tile_id_range")
+            for ids, out, seq, tile, count in ((q_ids, q_ranges, Sq, cfg.block_m, m_tiles),
+                                               (kv_ids, kv_ranges, Skv, cfg.block_n, n_tiles)):
+                total = B * count
+                pre.append((((total + 127) // 128,), (128,),
+                            (ids, out, np.int32(seq), np.int32(tile), np.int32(count), np.int32(B))))
+        else:
+            q_ids = kv_ids = q_ranges = kv_ranges = lse  # unused by the kernel instance; any pointer will do
+
+        left, right = _window_bounds(problem)
+        scale = 1.0 / math.sqrt(D) if softmax_scale is None else float(softmax_scale)
+        qst = [s // qc.itemsize for s in qc.strides]
+        kst = [s // kc.itemsize for s in kc.strides]
+        vst = [s // vc.itemsize for s in vc.strides]
+        args = (qc, kc, vc, o, lse, q_ids, kv_ids, q_ranges, kv_ranges,
+                np.int64(qst[0]), np.int64(qst[1]), np.int64(qst[2]),
+                np.int64(kst[0]), np.int64(kst[1]), np.int64(kst[2]),
+                np.int64(vst[0]), np.int64(vst[1]), np.int64(vst[2]),
+                np.int32(Sq), np.int32(Skv), np.int32(H), np.int32(H // problem.kv_heads),
+                np.int32(left), np.int32(right), np.float32(scale * math.log2(math.e)))
+        grid, block, smem = (m_tiles, H, B), (cfg.threads,), cfg.smem_bytes()
+
+    def launch():
+        with cupy.cuda.Device(device_id):
+            for pre_grid, pre_block, pre_args in pre:
+                ranges.launch(pre_grid, pre_block, pre_args)
+            kern.launch(grid, block, args, smem=smem)
+
+    return launch, o, lse, was_torch

@@ -1,0 +1,298 @@
+"""``python -m attention.bench``: flash attention checked, then timed, side by side with torch SDPA (flash,
+cuDNN, memory-efficient) and the naive attention, scored against the GPU's expected table.
+
+Thin by design: the options, the check-then-time loop, scoring and reports live in ``cukernels.cli``. This file
+says what the cases, inputs, reference and implementations are.
+"""
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import functools
+import math
+import sys
+
+import numpy as np
+
+from cukernels import bench, checks, cli, compile, device, dtypes, tiling
+
+from . import suites
+from .api import KERNEL_SOURCE, flash_attention
+from .configs import plan_forward
+from .reference import attention_reference
+
+SUITES = ("default", "seed004", "grug", "sweep", "quick", "ci")
+# expected-table rows (expected_results/*.toml [[attention]]) by suite case name
+_EXPECTED_KEY = {"seed004_b16_s2048_h16_d64": "seed004_a", "seed004_b32_s4096_h32_d128": "seed004_b"}
+_NAIVE_MAX_FLOPS = 1.2e13  # the naive fp32 attention takes ~0.3 s per call at this size: skip larger cases
+
+
+def _suite_cases(suite: str) -> list[suites.Case]:
+    if suite == "default":
+        return suites.cases("seed004") + suites.cases("grug")
+    return suites.cases(suite)
+
+
+def _to_bench_case(c: suites.Case, args) -> bench.Case:
+    causal = c.causal if args.causal is None else args.causal
+    if causal != c.causal:  # --causal / --no-causal; a window keeps its left side, causal closes the right
+        window = (c.window[0], 0) if (causal and c.window) else c.window
+        c = dataclasses.replace(c, causal=causal, window=window)
+    key = _EXPECTED_KEY.get(c.name, c.name)
+    name = key + ("_causal" if causal and key.startswith("seed004") else "")
+    itemsize = 2
+    io_bytes = itemsize * c.head_dim * (2 * c.batch * c.seq_q * c.heads + 2 * c.batch * c.n_seq_kv * c.n_kv_heads)
+    return bench.Case(name=name, params={**{f: getattr(c, f) for f in ("batch", "seq_q", "heads", "head_dim",
+                                                                       "causal", "window", "segments")},
+                                         "kv_heads": c.n_kv_heads, "seq_kv": c.n_seq_kv, "seq": c.seq_q,
+                                         "suite_case": c.name},
+                      tags=c.tags, flops=c.flops(), bytes=io_bytes, dtype=args.dtype)
+
+
+def _problem(case: bench.Case):
+    p = case.params
+    return suites.Case(name=p["suite_case"], batch=p["batch"], seq_q=p["seq_q"], seq_kv=p["seq_kv"],
+                       heads=p["heads"], kv_heads=p["kv_heads"], head_dim=p["head_dim"], causal=p["causal"],
+                       window=p["window"], segments=p["segments"])
+
+
+# ---------------------------------------------------------------- inputs, reference, check
+
+
+def _make_inputs(case: bench.Case, seed: int) -> dict:
+    import cupy
+
+    c = _problem(case)
+    dt = dtypes.from_name(case.dtype)
+    q = dtypes.random((c.batch, c.seq_q, c.heads, c.head_dim), dt, seed=3 * seed)
+    k = dtypes.random((c.batch, c.n_seq_kv, c.n_kv_heads, c.head_dim), dt, seed=3 * seed + 1)
+    v = dtypes.random((c.batch, c.n_seq_kv, c.n_kv_heads, c.head_dim), dt, seed=3 * seed + 2)
+    ids = c.segment_ids(seed)
+    return {"q": q, "k": k, "v": v, "segment_ids": None if ids is None else cupy.asarray(ids)}
+
+
+def _checked_batches(case: bench.Case) -> list[int]:
+    """Batch elements the reference is computed for: the first and the last (the reference is O(S^2))."""
+    return sorted({0, case.params["batch"] - 1})
+
+
+def _reference(case: bench.Case, inputs: dict):
+    sel = _checked_batches(case)
+    sub = {k: (None if v is None else v[sel]) for k, v in inputs.items()}
+    kw = dict(causal=case.params["causal"], window=case.params["window"], segment_ids=sub["segment_ids"])
+    ref = attention_reference(sub["q"], sub["k"], sub["v"], **kw)
+    naive = attention_reference(sub["q"], sub["k"], sub["v"], round_to=case.dtype, **kw)
+    return ref, naive
+
+
+def _check(case: bench.Case, out, ref_pair) -> list[checks.CheckResult]:
+    ref, naive = ref_pair
+    sel = _checked_batches(case)
+    return [checks.compare(out[sel], ref, tol=checks.TOLERANCES[case.dtype], naive=naive, name="o")]
+
+
+def _poison_bytes(case: bench.Case) -> int:
+    p = case.params
+    return 2 * p["batch"] * p["seq_q"] * p["heads"] * p["head_dim"] + (1 << 20)
+
+
+# ---------------------------------------------------------------- implementations
+
+
+def _ours(case: bench.Case, inputs: dict):
+    kw = dict(causal=case.params["causal"], window=case.params["window"], segment_ids=inputs["segment_ids"])
+    q, k, v = inputs["q"], inputs["k"], inputs["v"]
+    return lambda: flash_attention(q, k, v, **kw)
+
+
+def _naive(case: bench.Case, inputs: dict):
+    kw = dict(causal=case.params["causal"], window=case.params["window"], segment_ids=inputs["segment_ids"])
+    q, k, v = inputs["q"], inputs["k"], inputs["v"]
+    return lambda: attention_reference(q, k, v, round_to=case.dtype, **kw)
+
+
+def _naive_supports(case: bench.Case) -> str | None:
+    if case.flops > _NAIVE_MAX_FLOPS:
+        return f"naive fp32 attention skipped above {_NAIVE_MAX_FLOPS:.1e} FLOP (this case: {case.flops:.1e})"
+    return None
+
+
+@functools.cache
+def _torch_missing() -> str | None:
+    try:
+        import torch  # noqa: F401
+    except ImportError:
+        return "torch is not installed (pip install 'cukernels[torch]')"
+    import torch
+
+    if not torch.cuda.is_available():
+        return "torch sees no CUDA device"
+    return None
+
+
+def _torch_supports(case: bench.Case) -> str | None:
+    p = case.params
+    if p["window"] is not None or p["segments"]:
+        return "torch SDPA's fused backends take no sliding window or segment-id mask"
+    if p["causal"] and p["seq_q"] != p["seq_kv"]:
+        return "torch SDPA's is_causal aligns top-left; ours aligns bottom-right"
+    return None
+
+
+def _torch_sdpa(backend_name: str):
+    def prepare(case: bench.Case, inputs: dict):
+        import torch
+        from torch.nn.attention import SDPBackend, sdpa_kernel
+
+        backend = getattr(SDPBackend, backend_name)
+        tq, tk, tv = (dtypes.like_input(inputs[n], True).transpose(1, 2) for n in ("q", "k", "v"))
+        if case.dtype == "fp16":
+            tq, tk, tv = (t.view(torch.float16) for t in (tq, tk, tv))
+        gqa = case.params["heads"] != case.params["kv_heads"]
+        causal = case.params["causal"]
+        stream = torch.cuda.ExternalStream(__import__("cupy").cuda.get_current_stream().ptr)
+
+        def run():
+            with torch.cuda.stream(stream), sdpa_kernel(backend):
+                out = torch.nn.functional.scaled_dot_product_attention(tq, tk, tv, is_causal=causal,
+                                                                       enable_gqa=gqa)
+            return out.transpose(1, 2)
+
+        return run
+
+    return prepare
+
+
+def _torch_peak_memory(fn) -> int:
+    import torch
+
+    torch.cuda.synchronize()
+    torch.cuda.reset_peak_memory_stats()
+    base = torch.cuda.memory_allocated()
+    out = fn()
+    torch.cuda.synchronize()
+    peak = torch.cuda.max_memory_allocated() - base
+    del out
+    return int(peak)
+
+
+def _impls(args) -> list[bench.Impl]:
+    torch_impls = [
+        bench.Impl(name=name, prepare=_torch_sdpa(backend), baseline=True, unavailable=_torch_missing,
+                   supports=_torch_supports, peak_memory=_torch_peak_memory)
+        for name, backend in (("torch-flash", "FLASH_ATTENTION"), ("torch-cudnn", "CUDNN_ATTENTION"),
+                              ("torch-efficient", "EFFICIENT_ATTENTION"))
+    ]
+    return [bench.Impl(name="ours", prepare=_ours),
+            bench.Impl(name="naive", prepare=_naive, baseline=True, supports=_naive_supports),
+            *torch_impls]
+
+
+# ---------------------------------------------------------------- plans
+
+
+def _plan(case: bench.Case, spec: device.DeviceSpec) -> tiling.Plan:
+    return plan_forward(_problem(case).problem(case.dtype), spec)
+
+
+def _plan_rows(cases: list[bench.Case], spec: device.DeviceSpec, with_compile: bool) -> list[dict]:
+    rows = []
+    for case in cases:
+        row = {"case": case.name, "shape": _shape(case)}
+        try:
+            plan = _plan(case, spec)
+        except tiling.PlanError as exc:
+            rows.append({**row, "config": f"no plan: {exc}"})
+            continue
+        cfg = plan.config
+        row.update({"config": str(cfg), "smem B": f"{plan.smem_bytes:,}", "limit B": f"{plan.limit:,}",
+                    "fits": "yes" if plan.smem_bytes <= plan.limit else "NO",
+                    "CTAs": f"{math.ceil(case.params['seq_q'] / cfg.block_m) * case.params['heads'] * case.params['batch']:,}",
+                    "why": plan.reason})
+        if with_compile:
+            expr = cfg.name_expression(dtype=dtypes.from_name(case.dtype), mask=_problem(case).problem().mask)
+            try:
+                res = compile.compile_offline(KERNEL_SOURCE, [expr], spec.arch)[expr]
+                row.update({"regs": res.registers, "spill B": res.spills, "stack B": res.stack_bytes})
+            except compile.CompileError as exc:
+                row.update({"regs": "compile error", "spill B": str(exc).splitlines()[0]})
+        rows.append(row)
+    return rows
+
+
+def _shape(case: bench.Case) -> str:
+    p = case.params
+    mask = "causal" if p["causal"] else "full"
+    if p["window"]:
+        mask += f"+win{tuple(p['window'])}"
+    if p["segments"]:
+        mask += "+seg"
+    kv = f"/{p['kv_heads']}" if p["kv_heads"] != p["heads"] else ""
+    sk = f"x{p['seq_kv']}" if p["seq_kv"] != p["seq_q"] else ""
+    return f"B{p['batch']} S{p['seq_q']}{sk} H{p['heads']}{kv} D{p['head_dim']} {mask}"
+
+
+def _plan_of(case: bench.Case) -> str | None:
+    try:
+        return str(_plan(case, device.current()))
+    except tiling.PlanError as exc:
+        return f"no plan: {exc}"
+
+
+def _memory_table(results: list[bench.Result], args) -> str:
+    """Seed 004's memory table, measured: peak extra device memory of ours against the naive attention's and what
+    a fully materialised fp32 score matrix [B, H, Sq, Skv] alone would take."""
+    from tabulate import tabulate
+
+    rows = []
+    for case in dict.fromkeys(r.case for r in results):
+        mine = next((r for r in results if r.case == case and r.impl == "ours" and r.ok), None)
+        if mine is None:
+            continue
+        p = mine.params
+        naive = next((r for r in results if r.case == case and r.impl == "naive" and r.ok), None)
+        scores = 4 * p["batch"] * p["heads"] * p["seq_q"] * p["seq_kv"]
+        rows.append({"case": case, "ours peak MiB": f"{mine.peak_memory_bytes / 2**20:,.0f}",
+                     "naive peak MiB": "" if naive is None else f"{naive.peak_memory_bytes / 2**20:,.0f}",
+                     "[B,H,S,S] fp32 scores MiB": f"{scores / 2**20:,.0f}",
+                     "reduction vs scores": f"{scores / max(mine.peak_memory_bytes, 1):.1f}x"})
+    if not rows:
+        return ""
+    return "Peak extra device memory (ours is O(S): output + LSE):\n" + tabulate(rows, headers="keys",
+                                                                                   tablefmt="github")
+
+
+def _add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--causal", dest="causal", action="store_true", default=None,
+                        help="force causal masking on every case (default: each case's own)")
+    parser.add_argument("--no-causal", dest="causal", action="store_false", help="force non-causal")
+
+
+OP = cli.OpBench(
+    prog="python -m attention.bench",
+    description=__doc__.split("\n\n")[0],
+    op=lambda args: bench.Op(name="attention", make_inputs=_make_inputs, reference=_reference, check=_check,
+                             poison_bytes=_poison_bytes),
+    suites=SUITES,
+    default_suite="default",
+    cases=lambda suite, args: [_to_bench_case(c, args) for c in _suite_cases(suite)],
+    impls=_impls,
+    default_impls=("ours", "torch-flash", "torch-cudnn", "naive"),
+    plan_rows=_plan_rows,
+    plan_of=_plan_of,
+    expected_kind="attention",
+    expected_fields={"ours": ("target_ms",), "torch-flash": ("torch_flash_ms", "reference_ms"),
+                     "torch-cudnn": ("torch_cudnn_ms",), "torch-efficient": ("torch_efficient_ms",),
+                     "naive": ("pytorch_native_ms",)},
+    reference_impl="torch-flash",
+    add_arguments=_add_arguments,
+    extra_output=_memory_table,
+)
+
+
+def main(argv=None) -> int:
+    return cli.main(OP, argv)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,156 @@
+"""Forward-kernel tile configs and the planner that picks one for a problem on a device.
+
+Heuristic choice (``plan_forward``), the search space (``search_space``) and tuned choices (profile overrides,
+``[overrides."attention.fwd".head_dim_128]`` etc.) are kept apart. Every config the planner can return fits the
+device's opt-in shared memory per block; ``tests/test_attention_cpu.py`` compiles each one offline for every
+profile's arch and checks ptxas reports no spills.
+"""
+from __future__ import annotations
+
+import dataclasses
+import math
+
+from cukernels import dtypes, tiling
+from cukernels.device import DeviceSpec
+
+HEAD_DIMS = (64, 128, 256)
+MASK_WINDOW = 1  # causal and/or sliding window (kernel template bit, see kernels/flash_fwd.cu)
+MASK_SEGMENTS = 2
+MASK_KINDS = (0, MASK_WINDOW, MASK_SEGMENTS, MASK_WINDOW | MASK_SEGMENTS)
+MIN_COMPUTE_CAPABILITY = (8, 0)  # cp.async and mma.sync m16n8k16 (bf16 included)
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class FwdConfig:
+    """One instance of ``flash_fwd``: BLOCK_M query rows per CTA (16 or 32 per warp: 32 reuses each K/V
+    fragment twice, halving shared-memory reads per MMA), BLOCK_N KV rows per pipeline stage, STAGES K/V tiles
+    in flight. Shared memory: Q tile + STAGES x (K tile + V tile), 2-byte elements."""
+
+    head_dim: int
+    block_m: int
+    block_n: int
+    warps: int
+    stages: int = 2
+
+    def __post_init__(self):
+        if self.head_dim not in HEAD_DIMS:
+            raise ValueError(f"head_dim must be one of {HEAD_DIMS}, got {self.head_dim}")
+        if self.warps < 1 or self.block_m not in (16 * self.warps, 32 * self.warps):
+            raise ValueError(f"block_m must be 16 or 32 * warps (each warp owns 16 or 32 query rows), got "
+                             f"{self.block_m} with {self.warps} warps")
+        if self.block_n < 16 or self.block_n % 16:
+            raise ValueError(f"block_n must be a positive multiple of 16, got {self.block_n}")
+        if self.stages < 2:
+            raise ValueError(f"stages must be >= 2, got {self.stages}")
+        chunks = self.head_dim // 8
+        if (self.block_n * chunks) % self.threads or (self.block_m * chunks) % self.threads:
+            raise ValueError(f"{self}: tiles must split evenly into 16-byte copies over {self.threads} threads")
+
+    @property
+    def threads(self) -> int:
+        return 32 * self.warps
+
+    def smem_bytes(self) -> int:
+        return 2 * self.head_dim * (self.block_m + 2 * self.stages * self.block_n)
+
+    def name_expression(self, *, dtype, mask: int = 0) -> str:
+        if mask not in MASK_KINDS:
+            raise ValueError(f"mask must be one of {MASK_KINDS}, got {mask}")
+        return (f"flash_fwd<{dtypes.ctype(dtype)},{self.head_dim},{self.block_m},{self.block_n},"
+                f"{self.warps},{self.stages},{mask}>")
+
+    def __str__(self) -> str:
+        return (f"FwdConfig(d{self.head_dim} m{self.block_m} n{self.block_n} "
+                f"w{self.warps} s{self.stages})")
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class FwdProblem:
+    batch: int
+    seq_q: int
+    seq_kv: int
+    heads: int
+    kv_heads: int
+    head_dim: int
+    dtype: str = "bf16"  # "fp16" | "bf16"
+    causal: bool = False
+    window: tuple[int, int] | None = None
+    segments: bool = False
+
+    @property
+    def mask(self) -> int:
+        windowed = self.causal or (self.window is not None and tuple(self.window) != (-1, -1))
+        return (MASK_WINDOW if windowed else 0) | (MASK_SEGMENTS if self.segments else 0)
+
+
+# Candidates (block_m, block_n, warps, stages) in preference order, per head dim. Registers, not shared memory,
+# bound occupancy (about 8 warps per SM at ~200-255 registers), so the tile with the fewest shared-memory reads
+# per MMA that ptxas fits without spills comes first; smaller ones exist for devices with less shared memory
+# (GB10/consumer 101,376 B).
+_CANDIDATES = {
+    64: ((128, 32, 4, 3), (128, 128, 8, 2), (128, 64, 8, 2), (64, 64, 4, 2)),
+    128: ((128, 64, 8, 2), (128, 32, 8, 2), (64, 64, 4, 2), (64, 32, 4, 2)),
+    256: ((128, 32, 8, 2), (128, 16, 8, 2), (64, 16, 4, 2)),
+}
+
+
+def search_space(head_dim: int) -> list[FwdConfig]:
+    """Every config the planner may return for ``head_dim`` (heuristic candidates)."""
+    return [FwdConfig(head_dim=head_dim, block_m=m, block_n=n, warps=w, stages=s)
+            for m, n, w, s in _CANDIDATES[head_dim]]
+
+
+def plannable(spec: DeviceSpec, head_dim: int) -> list[FwdConfig]:
+    """Every config ``plan_forward`` can return on ``spec`` for ``head_dim``: the first fitting candidate in each
+    of its two preference orders, and the profile's override if any. CPU tests compile exactly these."""
+    if tuple(spec.compute_capability) < MIN_COMPUTE_CAPABILITY:
+        return []
+    found = []
+    probe = FwdProblem(batch=1, seq_q=1, seq_kv=1, heads=1, kv_heads=1, head_dim=head_dim)
+    tuned = _override(probe, spec)
+    if tuned is not None:
+        found.append(tuned.config)
+    space = search_space(head_dim)
+    for order in (space, sorted(space, key=lambda c: c.block_m != 64)):
+        fitting = [c for c in order if tiling.fits(c, spec) is None]
+        if fitting and fitting[0] not in found:
+            found.append(fitting[0])
+    return found
+
+
+def _override(problem: FwdProblem, spec: DeviceSpec) -> tiling.Plan | None:
+    raw = spec.overrides.get("attention.fwd")
+    if raw is None:
+        return None
+    per_dim = raw.get(f"head_dim_{problem.head_dim}")
+    if per_dim is None:
+        return None
+    narrowed = dataclasses.replace(spec, overrides={"attention.fwd": per_dim})
+    return tiling.override(narrowed, "attention.fwd", lambda d: FwdConfig(head_dim=problem.head_dim, **d))
+
+
+def plan_forward(problem: FwdProblem, spec: DeviceSpec) -> tiling.Plan:
+    """The forward config for ``problem`` on ``spec``: a profile override if there is one, else the first
+    candidate that fits, preferring 64-row query tiles when 128-row ones would leave SMs idle."""
+    if tuple(spec.compute_capability) < MIN_COMPUTE_CAPABILITY:
+        cc = "%d.%d" % tuple(spec.compute_capability)
+        raise tiling.PlanError(
+            f"flash attention needs compute capability 8.0+ (cp.async, mma.sync m16n8k16); {spec.name} is {cc}"
+        )
+    if problem.head_dim not in HEAD_DIMS:
+        raise tiling.PlanError(f"head_dim must be one of {HEAD_DIMS}, got {problem.head_dim}")
+    tuned = _override(problem, spec)
+    if tuned is not None:
+        return tuned
+    candidates = search_space(problem.head_dim)
+    ctas_128 = problem.batch * problem.heads * math.ceil(problem.seq_q / 128)
+    reason = f"fastest spill-free tile for head_dim {problem.head_dim} that fits"
+    if ctas_128 < spec.sm_count:
+        candidates = sorted(candidates, key=lambda c: c.block_m != 64)
+        reason = f"{ctas_128} CTAs of 128 rows < {spec.sm_count} SMs: 64-row query tiles first; " + reason
+    elif problem.mask & MASK_WINDOW and problem.head_dim == 128:
+        # measured on H200 (docs/perf/attention.md): with causal/window masks 64-row tiles waste less work on
+        # the diagonal and balance better, 3-5% (swa_seg 23%) faster than 128-row ones
+        candidates = sorted(candidates, key=lambda c: c.block_m != 64)
+        reason = "causal/window mask: 64-row query tiles first; " + reason
+    return tiling.choose(candidates, spec, reason=reason)

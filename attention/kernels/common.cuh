@@ -1,0 +1,120 @@
+// Building blocks shared by the attention kernels (forward now, backward later): element-type traits,
+// cp.async copies, swizzled shared-memory addressing, ldmatrix, mma.sync m16n8k16 and ex2.approx.
+// Everything here needs sm_80+ (cp.async, m16n8k16 with bf16).
+#pragma once
+
+#include <cuda_fp16.h>
+#include <cuda_bf16.h>
+
+namespace attn {
+
+template <typename A, typename B> struct same_type { static constexpr bool value = false; };
+template <typename A> struct same_type<A, A> { static constexpr bool value = true; };
+
+// Compile-time constants passed as values (generic lambdas take them as `auto` and read ::value).
+template <int N> struct Int { static constexpr int value = N; };
+template <bool B> struct Bool { static constexpr bool value = B; };
+
+__device__ __forceinline__ float neg_inf() { return __int_as_float(0xff800000u); }
+
+// ---------------------------------------------------------------- element types
+
+// Two fp32 values rounded to a packed pair of T (fp16 or bf16), low half first: the register layout that
+// mma.sync's A/B operands use.
+template <typename T>
+__device__ __forceinline__ unsigned pack2(float lo, float hi) {
+    unsigned out;
+    if constexpr (same_type<T, __half>::value) {
+        __half2 h = __floats2half2_rn(lo, hi);
+        out = *reinterpret_cast<unsigned*>(&h);
+    } else {
+        __nv_bfloat162 h = __floats2bfloat162_rn(lo, hi);
+        out = *reinterpret_cast<unsigned*>(&h);
+    }
+    return out;
+}
+
+// ---------------------------------------------------------------- math
+
+// 2^x with the hardware approximation (ex2.approx.ftz): exp2(-inf) = +0, which masked scores rely on.
+__device__ __forceinline__ float exp2_approx(float x) {
+    float y;
+    asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x));
+    return y;
+}
+
+__device__ __forceinline__ float quad_max(float v) {
+    v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, 1));
+    return fmaxf(v, __shfl_xor_sync(0xffffffffu, v, 2));
+}
+
+__device__ __forceinline__ float quad_sum(float v) {
+    v += __shfl_xor_sync(0xffffffffu, v, 1);
+    return v + __shfl_xor_sync(0xffffffffu, v, 2);
+}
+
+// ---------------------------------------------------------------- shared memory layout
+
+// A tile of ROWS x COLS 16-bit elements, rows of COLS*2 bytes split in 16-byte chunks. Chunk c of row r is
+// stored at chunk position c ^ (r & 7): the 8 rows an ldmatrix phase reads (same logical chunk, consecutive
+// rows) land in 8 different 16-byte bank groups, and so do the 8 rows a warp's cp.async writes.
+// COLS must be a multiple of 64 (at least 8 chunks per row) for the XOR to stay inside the row.
+template <int COLS>
+__device__ __forceinline__ int swizzled(int row, int chunk) {
+    static_assert(COLS % 64 == 0, "swizzle needs rows of at least 8 chunks of 16 bytes");
+    return row * COLS + ((chunk ^ (row & 7)) << 3);  // element offset
+}
+
+__device__ __forceinline__ unsigned smem_addr(const void* p) {
+    return static_cast<unsigned>(__cvta_generic_to_shared(p));
+}
+
+// ---------------------------------------------------------------- cp.async (global -> shared, bypassing L1)
+
+// 16 bytes; when !valid the destination is zero-filled and the source is not read.
+__device__ __forceinline__ void cp_async16(unsigned dst, const void* src, bool valid) {
+    int src_bytes = valid ? 16 : 0;
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(src), "r"(src_bytes));
+}
+
+__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::: "memory"); }
+
+template <int N>
+__device__ __forceinline__ void cp_async_wait() { asm volatile("cp.async.wait_group %0;\n" ::"n"(N) : "memory"); }
+
+// ---------------------------------------------------------------- ldmatrix
+
+__device__ __forceinline__ void ldmatrix_x4(unsigned addr, unsigned& r0, unsigned& r1, unsigned& r2, unsigned& r3) {
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];\n"
+                 : "=r"(r0), "=r"(r1), "=r"(r2), "=r"(r3)
+                 : "r"(addr));
+}
+
+__device__ __forceinline__ void ldmatrix_x4_trans(unsigned addr, unsigned& r0, unsigned& r1, unsigned& r2,
+                                                  unsigned& r3) {
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0, %1, %2, %3}, [%4];\n"
+                 : "=r"(r0), "=r"(r1), "=r"(r2), "=r"(r3)
+                 : "r"(addr));
+}
+
+// ---------------------------------------------------------------- mma.sync m16n8k16, fp32 accumulate
+
+// d += a * b. a: 4 registers (16x16, row-major fragment), b: 2 registers (16x8, column-major), d: 4 floats.
+template <typename T>
+__device__ __forceinline__ void mma16816(float (&d)[4], const unsigned (&a)[4], unsigned b0, unsigned b1) {
+    if constexpr (same_type<T, __half>::value) {
+        asm(
+            "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
+            "{%0,%1,%2,%3};\n"
+            : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+            : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+    } else {
+        asm(
+            "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
+            "{%0,%1,%2,%3};\n"
+            : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+            : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+    }
+}
+
+}  // namespace attn

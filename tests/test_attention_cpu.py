@@ -1,0 +1,268 @@
+"""Attention checks that need no GPU: plans on every profile, offline compilation of every variant the planner
+can choose (zero spills), input validation, the reference against a direct NumPy formula, the shape registry."""
+from __future__ import annotations
+
+import concurrent.futures
+import dataclasses
+import math
+import os
+
+import numpy as np
+import pytest
+
+from attention import api, configs, suites
+from attention.reference import attention_reference
+from cukernels import compile as ccompile
+from cukernels import device, dtypes, tiling
+
+PROFILES = device.all_profiles()
+PROFILE_IDS = [p.key for p in PROFILES]
+SUPPORTED = [p for p in PROFILES if tuple(p.compute_capability) >= configs.MIN_COMPUTE_CAPABILITY]
+
+
+def test_profiles_exist():
+    assert PROFILES, "no GPU profiles found under profiles/"
+    assert SUPPORTED, "no profile of compute capability 8.0+"
+
+
+# ---------------------------------------------------------------- planner
+
+
+@pytest.mark.parametrize("spec", PROFILES, ids=PROFILE_IDS)
+def test_every_suite_case_plans_within_limits(spec):
+    for case in suites.all_cases():
+        for dtype in ("fp16", "bf16"):
+            problem = case.problem(dtype)
+            if spec not in SUPPORTED:
+                with pytest.raises(tiling.PlanError, match="compute capability 8.0"):
+                    configs.plan_forward(problem, spec)
+                continue
+            plan = configs.plan_forward(problem, spec)
+            assert plan.smem_bytes == plan.config.smem_bytes() <= spec.smem_per_block_optin, str(plan)
+            assert plan.config.threads <= spec.max_threads_per_block
+            assert plan.config.head_dim == case.head_dim
+            assert plan.config in configs.plannable(spec, case.head_dim), (case.name, str(plan))
+            assert str(plan)  # explainable
+
+
+def test_planner_prefers_big_tiles_on_h200_and_shrinks_on_small_smem():
+    h200 = device.profile("h200")
+    big = suites.get("seed004_b32_s4096_h32_d128").problem()
+    assert configs.plan_forward(big, h200).config.block_m == 128
+    small_smem = dataclasses.replace(h200, smem_per_block_optin=101_376)
+    hd256 = suites.get("hd256").problem()
+    assert configs.plan_forward(hd256, h200).config.smem_bytes() > 101_376
+    assert configs.plan_forward(hd256, small_smem).config.smem_bytes() <= 101_376
+    tiny = dataclasses.replace(h200, smem_per_block_optin=30_000)
+    with pytest.raises(tiling.PlanError, match="no tile config fits"):
+        configs.plan_forward(hd256, tiny)
+
+
+def test_profile_override_is_used_and_validated():
+    h200 = device.profile("h200")
+    tuned = {"head_dim_128": {"block_m": 64, "block_n": 32, "warps": 4, "stages": 3}}
+    spec = dataclasses.replace(h200, overrides={"attention.fwd": tuned})
+    plan = configs.plan_forward(suites.get("qwen").problem(), spec)
+    assert plan.source == "profile override" and plan.config.block_n == 32 and plan.config.stages == 3
+    assert configs.plan_forward(suites.get("hd256").problem(), spec).source == "heuristic"
+    bad = dataclasses.replace(h200, overrides={"attention.fwd": {"head_dim_128": {"block_m": 64, "warps": 3,
+                                                                                  "block_n": 32}}})
+    with pytest.raises(tiling.PlanError, match="override"):
+        configs.plan_forward(suites.get("qwen").problem(), bad)
+
+
+def test_config_validation():
+    with pytest.raises(ValueError, match="block_m"):
+        configs.FwdConfig(head_dim=128, block_m=96, block_n=64, warps=4)
+    with pytest.raises(ValueError, match="head_dim"):
+        configs.FwdConfig(head_dim=96, block_m=64, block_n=64, warps=4)
+    c = configs.FwdConfig(head_dim=128, block_m=128, block_n=64, warps=8)
+    assert c.threads == 256 and c.smem_bytes() == 2 * 128 * (128 + 2 * 2 * 64)
+    assert c.name_expression(dtype=dtypes.BF16, mask=3) == "flash_fwd<__nv_bfloat16,128,128,64,8,2,3>"
+
+
+# ---------------------------------------------------------------- offline compilation (no GPU)
+
+
+def _variants_by_arch() -> dict[str, list[str]]:
+    by_arch: dict[str, set[str]] = {}
+    for spec in SUPPORTED:
+        exprs = by_arch.setdefault(spec.arch, set())
+        for head_dim in configs.HEAD_DIMS:
+            for cfg in configs.plannable(spec, head_dim):
+                for dt in (dtypes.FP16, dtypes.BF16):
+                    for mask in configs.MASK_KINDS:
+                        exprs.add(cfg.name_expression(dtype=dt, mask=mask))
+    return {arch: sorted(e) for arch, e in sorted(by_arch.items())}
+
+
+def _compile_chunk(arch, exprs):
+    return ccompile.compile_offline(api.KERNEL_SOURCE, exprs, arch)
+
+
+def test_every_plannable_variant_compiles_without_spills():
+    """About 240 instances (5 archs); NVRTC programs of 8 instances each, spread over the CPU cores (one large
+    program per arch compiles markedly slower than the same instances in small programs)."""
+    jobs = []
+    for arch, exprs in _variants_by_arch().items():
+        exprs = exprs + ["tile_id_range"]
+        jobs += [(arch, exprs[i : i + 8]) for i in range(0, len(exprs), 8)]
+    workers = min(len(jobs), os.cpu_count() or 2)
+    with concurrent.futures.ProcessPoolExecutor(max_workers=workers) as pool:
+        results = list(pool.map(_compile_chunk, *zip(*jobs)))
+    bad = []
+    for (arch, _), res in zip(jobs, results):
+        for expr, r in res.items():
+            if r.spills or r.stack_bytes or r.static_smem_bytes:
+                bad.append(f"{arch} {expr}: {r.registers} regs, spills {r.spills} B, stack {r.stack_bytes} B, "
+                           f"static smem {r.static_smem_bytes} B")
+    assert not bad, "\n".join(bad)
+
+
+# ---------------------------------------------------------------- validation before any device work
+
+
+def _arr(shape, dtype=np.float16):
+    return np.zeros(shape, dtype=dtype)
+
+
+Q, KV = (2, 10, 4, 64), (2, 12, 2, 64)
+
+
+def _err(kind, match, *args, **kw):
+    with pytest.raises(kind, match=match):
+        api.validate(*args, **kw)
+
+
+def test_validation_shapes_and_dtypes():
+    q, k = _arr(Q), _arr(KV)
+    _err(ValueError, "q must be 4-D", _arr((2, 10, 64)), k, k)
+    _err(TypeError, "k must be float16 or bfloat16", q, _arr(KV, np.float32), k)
+    _err(TypeError, "share one dtype", q, _arr(KV, np.uint16), _arr(KV, np.uint16))
+    _err(ValueError, "k and v must have the same shape", q, k, _arr((2, 11, 2, 64)))
+    _err(ValueError, "batch", q, _arr((3, 12, 2, 64)), _arr((3, 12, 2, 64)))
+    _err(ValueError, "head_dim 128 differs", q, _arr((2, 12, 2, 128)), _arr((2, 12, 2, 128)))
+    _err(ValueError, "head_dim must be one of", _arr((2, 10, 4, 96)), _arr((2, 12, 2, 96)), _arr((2, 12, 2, 96)))
+    _err(ValueError, r"q heads \(4\) must be a multiple of k/v heads \(3\)", q, _arr((2, 12, 3, 64)),
+         _arr((2, 12, 3, 64)))
+    _err(ValueError, "q seq must be >= 1", _arr((2, 0, 4, 64)), k, k)
+    _err(TypeError, "q must be a cupy.ndarray", [[1.0]], k, k)
+
+
+def test_validation_strides():
+    k = _arr(KV)
+    q_t = np.zeros((2, 10, 64, 4), np.float16).transpose(0, 1, 3, 2)
+    _err(ValueError, "q must be contiguous along head_dim", q_t, k, k)
+    q_odd = np.zeros((2, 10, 4, 68), np.float16)[..., :64]  # seq/heads strides not multiples of 8 elements
+    _err(ValueError, "multiples of 8", q_odd, k, k)
+    packed = np.zeros((2, 10, 3, 4, 64), np.float16)  # a packed qkv slice is accepted
+    _err(TypeError, "host data", packed[:, :, 0], packed[:, :, 1], packed[:, :, 2])
+
+
+def test_validation_masks_and_scale():
+    q, k = _arr(Q), _arr(KV)
+    _err(TypeError, "window must be None or a pair", q, k, k, window=5)
+    _err(TypeError, "window must be None or a pair", q, k, k, window=(1.5, 2))
+    _err(ValueError, "window values must be >= 0, or -1", q, k, k, window=(-2, 3))
+    _err(ValueError, "right side is 0", q, k, k, causal=True, window=(8, 4))
+    _err(TypeError, "causal must be a bool", q, k, k, causal="yes")
+    _err(ValueError, "one segment_ids array needs seq_q == seq_kv", q, k, k, segment_ids=_arr((2, 10), np.int32))
+    _err(TypeError, "segment_ids must be int32", _arr((2, 12, 4, 64)), k, k, segment_ids=_arr((2, 12), np.int64))
+    _err(ValueError, r"segment_ids\[1\] \(kv ids\) must have shape", q, k, k,
+         segment_ids=(_arr((2, 10), np.int32), _arr((2, 10), np.int32)))
+    _err(ValueError, "a \\(q_ids, kv_ids\\) pair", q, k, k, segment_ids=(_arr((2, 10), np.int32),))
+    _err(ValueError, "softmax_scale must be finite and > 0", q, k, k, softmax_scale=-1.0)
+    _err(TypeError, "softmax_scale must be a float", q, k, k, softmax_scale="0.1")
+    # everything valid: only the host-data check is left
+    _err(TypeError, "host data", q, k, k, causal=True, window=(4, -1), softmax_scale=0.2,
+         segment_ids=(_arr((2, 10), np.int32), _arr((2, 12), np.int32)))
+
+
+def test_flash_attention_rejects_host_arrays_before_launch():
+    q = _arr(Q)
+    with pytest.raises(TypeError, match="host data"):
+        api.flash_attention(q, _arr(KV), _arr(KV))
+
+
+# ---------------------------------------------------------------- reference
+
+
+def _direct(q, k, v, *, causal, window, q_ids, kv_ids, scale):
+    """Element-by-element attention in float64: the definition, written with loops."""
+    B, Sq, H, D = q.shape
+    Skv, KVH = k.shape[1], k.shape[2]
+    o = np.zeros((B, Sq, H, D))
+    lse = np.full((B, H, Sq), -np.inf)
+    left, right = window or (-1, -1)
+    if causal:
+        right = 0
+    for b in range(B):
+        for h in range(H):
+            kh = h // (H // KVH)
+            for i in range(Sq):
+                at = i + Skv - Sq
+                js = [j for j in range(Skv)
+                      if (left < 0 or j >= at - left) and (right < 0 or j <= at + right)
+                      and (q_ids is None or q_ids[b, i] == kv_ids[b, j])]
+                if not js:
+                    continue
+                s = np.array([scale * float(q[b, i, h] @ k[b, j, kh]) for j in js])
+                m = s.max()
+                p = np.exp(s - m)
+                o[b, i, h] = sum(pj * v[b, j, kh] for pj, j in zip(p, js)) / p.sum()
+                lse[b, h, i] = m + math.log(p.sum())
+    return o, lse
+
+
+@pytest.mark.parametrize("opts", [
+    {},
+    {"causal": True},
+    {"window": (2, 1)},
+    {"causal": True, "window": (3, -1)},
+    {"segments": True},
+    {"segments": True, "causal": True},
+], ids=lambda o: "_".join(f"{k}{v}" for k, v in o.items()) or "plain")
+@pytest.mark.parametrize("seq_q,seq_kv", [(7, 7), (5, 9), (9, 4)])
+def test_reference_matches_direct_formula(opts, seq_q, seq_kv):
+    rng = np.random.default_rng(seq_q * 31 + seq_kv)
+    q = rng.standard_normal((2, seq_q, 4, 8)).astype(np.float32)
+    k = rng.standard_normal((2, seq_kv, 2, 8)).astype(np.float32)
+    v = rng.standard_normal((2, seq_kv, 2, 8)).astype(np.float32)
+    q_ids = kv_ids = seg = None
+    if opts.get("segments"):
+        q_ids = np.sort(rng.integers(0, 3, (2, seq_q)), axis=1).astype(np.int32)
+        kv_ids = np.sort(rng.integers(0, 3, (2, seq_kv)), axis=1).astype(np.int32)
+        seg = (q_ids, kv_ids)
+    causal, window = opts.get("causal", False), opts.get("window")
+    o, lse = attention_reference(q, k, v, causal=causal, window=window, segment_ids=seg, softmax_scale=0.4,
+                                 return_lse=True)
+    o_ref, lse_ref = _direct(q, k, v, causal=causal, window=window, q_ids=q_ids, kv_ids=kv_ids, scale=0.4)
+    np.testing.assert_allclose(o, o_ref, rtol=1e-5, atol=1e-5)
+    np.testing.assert_allclose(lse, lse_ref, rtol=1e-5, atol=1e-5)
+    assert np.isfinite(o).all()
+
+
+def test_reference_bf16_inputs_and_rounding():
+    rng = np.random.default_rng(0)
+    x = rng.standard_normal((1, 6, 2, 64)).astype(np.float32)
+    bf = dtypes.to_bf16(x)
+    o = attention_reference(bf, bf, bf)
+    o_round = attention_reference(bf, bf, bf, round_to="bf16")
+    assert o.dtype == np.float32 and 0 < np.abs(o - o_round).max() < 0.05
+
+
+# ---------------------------------------------------------------- shape registry
+
+
+def test_suites():
+    names = [c.name for c in suites.all_cases()]
+    assert len(names) == len(set(names))
+    for tag in ("seed004", "grug", "quick", "ci"):
+        assert suites.cases(tag)
+    with pytest.raises(ValueError, match="known tags"):
+        suites.cases("nope")
+    s = suites.get("seed004_b16_s2048_h16_d64")
+    assert s.flops() == 4 * 16 * 16 * 2048 * 2048 * 64
+    assert suites.get("llama8b").flops() == 4 * 32 * 4096 * 4096 * 128 / 2
+    ids = suites.get("swa_seg").segment_ids()
+    assert ids.shape == (4, 4096) and ids.dtype == np.int32 and (np.diff(ids, axis=1) >= 0).all()

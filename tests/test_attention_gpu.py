@@ -1,0 +1,182 @@
+"""flash_attention against the fp32 reference on a GPU: every mask alone and combined, ragged lengths,
+seq_q != seq_kv, GQA/MQA, each head dim and dtype, LSE, empty rows, strided and torch inputs.
+
+Outputs come from a poisoned memory pool (an unwritten element is NaN and fails). The tolerance is the
+project's policy: the kernel's max error within 2x the error of the same computation done naively in the
+storage precision (P and the output rounded), plus a small absolute term.
+"""
+from __future__ import annotations
+
+import zlib
+
+import numpy as np
+import pytest
+
+from cukernels import checks, dtypes
+
+pytestmark = pytest.mark.gpu
+
+ATOL = {"fp16": 1e-3, "bf16": 8e-3}
+LSE_TOL = checks.Tolerance(atol=2e-3, rtol=2e-4)
+
+
+def _inputs(batch, seq_q, seq_kv, heads, kv_heads, dim, dtype, seed):
+    dt = dtypes.from_name(dtype)
+    q = dtypes.random((batch, seq_q, heads, dim), dt, seed=seed)
+    k = dtypes.random((batch, seq_kv, kv_heads, dim), dt, seed=seed + 1)
+    v = dtypes.random((batch, seq_kv, kv_heads, dim), dt, seed=seed + 2)
+    return q, k, v
+
+
+def _check(q, k, v, dtype, **kw):
+    import cupy
+
+    from attention import attention_reference, flash_attention
+
+    batch, seq_q, heads, dim = q.shape
+    checks.poison_pool(batch * seq_q * heads * dim * 2)
+    checks.poison_pool(batch * heads * seq_q * 4)
+    o, lse = flash_attention(q, k, v, return_lse=True, **kw)
+    cupy.cuda.get_current_stream().synchronize()
+    assert o.shape == q.shape and o.dtype == q.dtype
+    assert lse.shape == (batch, heads, seq_q) and lse.dtype == np.float32
+    ref_o, ref_lse = attention_reference(q, k, v, return_lse=True, **kw)
+    naive = attention_reference(q, k, v, round_to=dtype, **kw)
+    res = checks.compare(o, ref_o, tol=checks.Tolerance(atol=ATOL[dtype], naive_factor=2.0), naive=naive, name="o")
+    res.raise_if_failed()
+    checks.compare(lse, ref_lse, tol=LSE_TOL, name="lse").raise_if_failed()
+    return o, lse
+
+
+# (batch, seq_q, seq_kv, heads, kv_heads, dim, dtype, options)
+CASES = [
+    # each head dim x dtype, GQA 2
+    *[(2, 257, 257, 4, 2, d, dt, {}) for d in (64, 128, 256) for dt in ("fp16", "bf16")],
+    # lengths
+    *[(1, s, s, 2, 2, 128, "bf16", {"causal": c}) for s in (1, 17, 1000, 4099) for c in (False, True)],
+    (1, 1000, 1000, 2, 1, 64, "fp16", {"causal": True}),
+    (1, 4099, 4099, 2, 1, 256, "bf16", {"causal": True}),
+    # seq_q != seq_kv (bottom-right causal; seq_q > seq_kv leaves the first rows with no key)
+    (2, 17, 1000, 4, 4, 128, "fp16", {"causal": True}),
+    (2, 1000, 17, 4, 4, 128, "bf16", {"causal": True}),
+    (2, 300, 513, 4, 2, 64, "bf16", {}),
+    (1, 513, 300, 2, 2, 256, "fp16", {"window": (40, 7)}),
+    # heads ratios 1/2/4/8 and MQA
+    *[(1, 333, 333, 8, 8 // r, 128, "bf16", {"causal": True}) for r in (1, 2, 4, 8)],
+    (2, 200, 200, 16, 1, 64, "fp16", {}),
+    # windows
+    (1, 1000, 1000, 4, 2, 128, "fp16", {"window": (64, 32)}),
+    (1, 1000, 1000, 4, 2, 128, "bf16", {"window": (0, 0)}),
+    (1, 1000, 1000, 2, 2, 64, "bf16", {"window": (-1, 16)}),
+    (1, 1000, 1000, 2, 2, 256, "fp16", {"window": (100, -1)}),
+    (1, 1000, 1000, 4, 1, 128, "bf16", {"causal": True, "window": (200, 0)}),
+    (1, 700, 900, 4, 1, 128, "bf16", {"causal": True, "window": (129, -1)}),
+]
+IDS = [f"b{c[0]}_q{c[1]}_kv{c[2]}_h{c[3]}x{c[4]}_d{c[5]}_{c[6]}_{'_'.join(f'{k}{v}' for k, v in c[7].items())}"
+       for c in CASES]
+
+
+@pytest.mark.parametrize("case", CASES, ids=IDS)
+def test_against_reference(case):
+    batch, seq_q, seq_kv, heads, kv_heads, dim, dtype, opts = case
+    q, k, v = _inputs(batch, seq_q, seq_kv, heads, kv_heads, dim, dtype, seed=zlib.crc32(IDS[CASES.index(case)].encode()) % 1000)
+    _check(q, k, v, dtype, **opts)
+
+
+SEGMENT_CASES = [
+    # (batch, seq, heads, kv_heads, dim, dtype, documents, options)
+    (2, 1000, 4, 2, 128, "bf16", 4, {}),
+    (2, 4099, 2, 1, 64, "fp16", 3, {"causal": True}),
+    (1, 2048, 4, 4, 256, "bf16", 5, {"causal": True, "window": (300, 0)}),
+    (3, 517, 8, 2, 128, "fp16", 40, {"window": (50, 50)}),
+]
+
+
+@pytest.mark.parametrize("case", SEGMENT_CASES, ids=[f"seg{c[6]}_s{c[1]}_d{c[4]}_{c[5]}_{len(c[7])}" for c in SEGMENT_CASES])
+def test_segments(case):
+    import cupy
+
+    from attention.suites import packed_segment_ids
+
+    batch, seq, heads, kv_heads, dim, dtype, docs, opts = case
+    q, k, v = _inputs(batch, seq, seq, heads, kv_heads, dim, dtype, seed=docs)
+    ids = cupy.asarray(packed_segment_ids(batch, seq, docs, seed=docs))
+    _check(q, k, v, dtype, segment_ids=ids, **opts)
+
+
+def test_segment_pair_and_empty_rows():
+    """q/kv id pair with seq_q != seq_kv; ids present only on the query side give rows with no key."""
+    import cupy
+
+    q, k, v = _inputs(2, 300, 700, 4, 2, 128, "bf16", seed=7)
+    q_ids = cupy.asarray(np.repeat(np.array([[0, 1, 2, 9]], dtype=np.int32), 75, axis=1).repeat(2, axis=0))
+    kv_ids = cupy.asarray(np.sort(np.random.default_rng(1).integers(0, 3, size=(2, 700)), axis=1).astype(np.int32))
+    o, lse = _check(q, k, v, "bf16", segment_ids=(q_ids, kv_ids))
+    empty = cupy.asnumpy(q_ids == 9)
+    o_host = dtypes.bf16_to_float32(cupy.asnumpy(o))
+    assert (o_host[empty] == 0).all()
+    lse_host = cupy.asnumpy(lse).transpose(0, 2, 1)
+    assert np.isneginf(lse_host[empty]).all()
+
+
+@pytest.mark.parametrize("dim", [64, 128, 256])
+def test_fully_masked_rows_zero_not_nan(dim):
+    """Rows 0..549 see no key (bottom-right alignment): whole CTAs skip the KV loop, so their epilogue must
+    not race the Q tile's in-flight copies (Q stays in shared memory at head_dim 256)."""
+    import cupy
+
+    q, k, v = _inputs(1, 600, 50, 2, 2, dim, "fp16", seed=3)
+    o, lse = _check(q, k, v, "fp16", causal=True)
+    o_host = cupy.asnumpy(o).astype(np.float32)
+    assert (o_host[:, :550] == 0).all() and np.isfinite(o_host).all()
+    assert np.isneginf(cupy.asnumpy(lse)[:, :, :550]).all()
+
+
+def test_strided_views_of_packed_qkv():
+    import cupy
+
+    qkv = dtypes.random((2, 333, 3, 4, 128), dtypes.FP16, seed=11)
+    q, k, v = qkv[:, :, 0], qkv[:, :, 1], qkv[:, :, 2]
+    assert not q.flags.c_contiguous
+    _check(q, k, v, "fp16", causal=True)
+    bad = cupy.ascontiguousarray(q.transpose(0, 1, 3, 2)).transpose(0, 1, 3, 2)
+    from attention import flash_attention
+
+    with pytest.raises(ValueError, match="q must be contiguous along head_dim"):
+        flash_attention(bad, k, v)
+
+
+def test_softmax_scale_and_plain_output():
+    q, k, v = _inputs(1, 100, 100, 2, 2, 64, "bf16", seed=5)
+    _check(q, k, v, "bf16", softmax_scale=0.3)
+    from attention import flash_attention
+
+    o = flash_attention(q, k, v, softmax_scale=0.3)
+    assert o.shape == q.shape
+
+
+def test_torch_tensors_bf16():
+    torch = pytest.importorskip("torch")
+    from attention import attention_reference, flash_attention
+
+    q = torch.randn(2, 300, 8, 128, device="cuda", dtype=torch.bfloat16)
+    k = torch.randn(2, 300, 2, 128, device="cuda", dtype=torch.bfloat16)
+    v = torch.randn(2, 300, 2, 128, device="cuda", dtype=torch.bfloat16)
+    o, lse = flash_attention(q, k, v, causal=True, return_lse=True)
+    assert isinstance(o, torch.Tensor) and o.dtype == torch.bfloat16 and o.shape == q.shape
+    qc, kc, vc = (dtypes.as_cupy(t, name="x")[0] for t in (q, k, v))
+    ref = attention_reference(qc, kc, vc, causal=True)
+    naive = attention_reference(qc, kc, vc, causal=True, round_to="bf16")
+    checks.compare(o, ref, tol=checks.Tolerance(atol=ATOL["bf16"]), naive=naive).raise_if_failed()
+    sdpa = torch.nn.functional.scaled_dot_product_attention(
+        q.transpose(1, 2), k.repeat_interleave(4, 2).transpose(1, 2), v.repeat_interleave(4, 2).transpose(1, 2),
+        is_causal=True).transpose(1, 2)
+    assert (o.float() - sdpa.float()).abs().max().item() < 0.05
+
+
+def test_host_arrays_rejected_before_launch():
+    from attention import flash_attention
+
+    q = np.zeros((1, 8, 2, 64), dtype=np.float16)
+    with pytest.raises(TypeError, match="host data"):
+        flash_attention(q, q, q)
