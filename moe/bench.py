@@ -459,7 +459,7 @@ def kernel_plans(case: bench.Case, spec) -> list[tuple[str, object, object]]:
         return [(GEMM_SOURCE, g.config.name_expression(dtype=dt), g)]
     if p["kind"] == "layer":
         tokens, k, h, inter, e = p["tokens"], p["top_k"], p["hidden"], p["intermediate"], p["experts"]
-        up = gemm_configs.plan(gemm_configs.GemmProblem(rows=tokens * k, n=2 * inter, k=h, experts=e,
+        up = gemm_configs.plan(gemm_configs.GemmProblem(rows=tokens * k, n=2 * inter, k=h, experts=e, epilogue="swiglu",
                                                         dtype=p["dtype"]), spec)
         down = gemm_configs.plan(gemm_configs.GemmProblem(rows=tokens * k, n=h, k=inter, experts=e,
                                                           dtype=p["dtype"]), spec)

@@ -39,8 +39,16 @@ class GemmConfig:
     warps_n: int
     stages: int
     min_blocks: int = 1
+    # "mma": mma.sync + ldmatrix (sm_80+); "wgmma": Hopper warpgroup MMA from shared memory (sm_90a), which
+    # fixes the tile at block_m x 256 x 64 with one warpgroup per 64 rows (warps_m = block_m / 16, warps_n = 1)
+    kind: str = "mma"
 
     def __post_init__(self):
+        if self.kind not in ("mma", "wgmma"):
+            raise ValueError(f"kind must be 'mma' or 'wgmma', got {self.kind!r}")
+        if self.kind == "wgmma" and not (self.block_m in (64, 128) and self.block_n == 256 and self.block_k == 64
+                                         and self.warps_m == self.block_m // 16 and self.warps_n == 1):
+            raise ValueError(f"a wgmma tile is (64 or 128) x 256 x 64 with block_m / 16 x 1 warps, got {self}")
         if self.block_k not in (32, 64):
             raise ValueError(f"block_k must be 32 or 64, got {self.block_k}")
         wm, wn = self.block_m // self.warps_m, self.block_n // self.warps_n
@@ -59,14 +67,24 @@ class GemmConfig:
     def threads(self) -> int:
         return self.warps_m * self.warps_n * 32
 
+    def epilogues(self) -> tuple:
+        """Epilogues this tile is built with. The wgmma tile's 128 accumulators per thread leave no registers for
+        erf's polynomial unrolled over 32 column groups (GELU spilled), so GELU stays on the mma.sync tiles."""
+        return (None, "swiglu") if self.kind == "wgmma" else tuple(EPILOGUES)
+
     def smem_bytes(self) -> int:
-        """The pipeline buffers (the epilogue's staging tile reuses them) and 16 bytes for the work item."""
-        return self.stages * (self.block_m + self.block_n) * self.block_k * 2 + 16
+        """The pipeline buffers (the epilogue's staging tile reuses them) and 16 bytes for the work item; wgmma
+        tiles also reserve 1 KiB to align the stages to the 1024-byte swizzle atom."""
+        align = 1024 if self.kind == "wgmma" else 0
+        return self.stages * (self.block_m + self.block_n) * self.block_k * 2 + 16 + align
 
     def name_expression(self, *, dtype, epilogue: str | None = None, out_dtype=None) -> str:
         if epilogue not in EPILOGUES:
             raise ValueError(f"epilogue must be one of {list(EPILOGUES)}, got {epilogue!r}")
         out_c = dtypes.ctype(dtype if out_dtype is None else out_dtype)
+        if self.kind == "wgmma":
+            return (f"moe_grouped_gemm_wgmma<{dtypes.ctype(dtype)}, {out_c}, {self.block_m}, {self.stages}, "
+                    f"{EPILOGUES[epilogue]}>")
         return (f"moe_grouped_gemm<{dtypes.ctype(dtype)}, {out_c}, {self.block_m}, {self.block_n}, {self.block_k}, "
                 f"{self.warps_m}, {self.warps_n}, {self.stages}, {EPILOGUES[epilogue]}, {self.min_blocks}>")
 
@@ -77,6 +95,8 @@ class GemmConfig:
         return max(1, m_tiles * -(-problem.n // self.block_n))
 
     def __str__(self) -> str:
+        if self.kind == "wgmma":
+            return f"GemmConfig(wgmma {self.block_m}x{self.block_n}x{self.block_k}, {self.stages} stages)"
         return (f"GemmConfig({self.block_m}x{self.block_n}x{self.block_k}, {self.warps_m}x{self.warps_n} warps, "
                 f"{self.stages} stages, {self.min_blocks}/SM)")
 
@@ -97,7 +117,12 @@ MEDIUM = (
 SMALL = (
     GemmConfig(block_m=64, block_n=128, block_k=32, warps_m=2, warps_n=2, stages=3),
 )
-ALL = LARGE + MEDIUM + SMALL
+# Hopper (sm_90a only): wgmma from shared memory; 4 stages of 48 KiB
+WGMMA = (
+    GemmConfig(kind="wgmma", block_m=128, block_n=256, block_k=64, warps_m=8, warps_n=1, stages=4),
+    GemmConfig(kind="wgmma", block_m=128, block_n=256, block_k=64, warps_m=8, warps_n=1, stages=3),
+)
+ALL = WGMMA + LARGE + MEDIUM + SMALL
 
 
 def _config_from(raw: dict) -> GemmConfig:
@@ -105,10 +130,13 @@ def _config_from(raw: dict) -> GemmConfig:
 
 
 def _for_device(candidates, spec: DeviceSpec) -> list[GemmConfig]:
-    """Keep the two-CTAs-per-SM register cap only where two CTAs' shared memory (plus the 1 KiB the driver
-    reserves per CTA) fit in one SM; elsewhere the cap would only cost registers."""
+    """Drop wgmma tiles where the arch has no wgmma (anything but sm_90a). Keep the two-CTAs-per-SM register cap
+    only where two CTAs' shared memory (plus the 1 KiB the driver reserves per CTA) fit in one SM; elsewhere the
+    cap would only cost registers."""
     out = []
     for c in candidates:
+        if c.kind == "wgmma" and spec.arch != "sm_90a":
+            continue
         if c.min_blocks == 2 and 2 * (c.smem_bytes() + 1024) > spec.smem_per_sm:
             c = dataclasses.replace(c, min_blocks=1)
         out.append(c)
@@ -134,18 +162,21 @@ def plan(problem: GemmProblem, spec: DeviceSpec) -> tiling.Plan:
     est_m_tiles = max(1, problem.rows // 128) + min(problem.experts, max(problem.rows, 1)) // 2
     large_ctas = est_m_tiles * -(-n // 256)
     if large_ctas >= 2 * spec.sm_count and n >= 256:
-        candidates, why = LARGE + MEDIUM + SMALL, f"~{large_ctas} CTAs of 128x256 >= 2 waves on {spec.sm_count} SMs"
+        candidates, why = WGMMA + LARGE + MEDIUM + SMALL, f"~{large_ctas} CTAs of 128x256 >= 2 waves on {spec.sm_count} SMs"
     else:
         candidates, why = MEDIUM + SMALL, f"~{large_ctas} CTAs of 128x256 < 2 waves on {spec.sm_count} SMs"
-    return tiling.choose(_for_device(candidates, spec), spec, reason=why)
+    candidates = [c for c in _for_device(candidates, spec) if problem.epilogue in c.epilogues()]
+    return tiling.choose(candidates, spec, reason=why)
 
 
 def variants(spec: DeviceSpec) -> list[GemmConfig]:
     """Every config the planner can return on ``spec`` (the first fitting one of each preference list)."""
     check_arch(spec)
     out = []
-    for candidates in (LARGE + MEDIUM + SMALL, MEDIUM + SMALL):
-        cfg = tiling.choose(_for_device(candidates, spec), spec, reason="").config
-        if cfg not in out:
-            out.append(cfg)
+    for epilogue in EPILOGUES:
+        for candidates in (WGMMA + LARGE + MEDIUM + SMALL, MEDIUM + SMALL):
+            fitting = [c for c in _for_device(candidates, spec) if epilogue in c.epilogues()]
+            cfg = tiling.choose(fitting, spec, reason="").config
+            if cfg not in out:
+                out.append(cfg)
     return out

@@ -82,6 +82,8 @@ def test_every_config_that_fits():
         for cfg in gemm_configs.ALL:
             if cfg.smem_bytes() > spec.smem_per_block_optin:  # the 48 KiB edge (MEDIUM[2]) included
                 continue
+            if (cfg.kind == "wgmma" and spec.arch != "sm_90a") or epilogue not in cfg.epilogues():
+                continue
             checks.poison_pool(64 << 20)
             out = grouped_gemm(a, b, off_d, epilogue=epilogue, row_scale=scale, config=cfg)
             _check(out, ref, dtypes.BF16, f"{cfg} {epilogue}")

@@ -1,0 +1,71 @@
+"""Small launches of every kernel family, for `compute-sanitizer --tool memcheck|racecheck python tools/sanitize.py`.
+
+Run from the repository root with PYTHONPATH=. on a GPU. Each case is tiny (the sanitizer slows kernels by
+100x or more) but reaches the edges: ragged tiles, empty groups, rows with no visible key, every mask kind.
+"""
+import sys
+
+import cupy
+import numpy as np
+
+from cukernels import bandwidth, dtypes
+
+
+def attention_cases():
+    from attention import flash_attention
+    from attention.suites import packed_segment_ids
+
+    for d, dt, kw in ((64, "fp16", dict(causal=True)), (128, "bf16", dict(window=(40, 7))),
+                      (256, "fp16", dict(causal=True, window=(50, 0)))):
+        t = dtypes.from_name(dt)
+        q = dtypes.random((1, 150, 2, d), t, seed=1)
+        k = dtypes.random((1, 150, 1, d), t, seed=2)
+        v = dtypes.random((1, 150, 1, d), t, seed=3)
+        ids = cupy.asarray(packed_segment_ids(1, 150, 3, seed=0))
+        flash_attention(q, k, v, segment_ids=ids, **kw)
+        flash_attention(q, k, v, **kw)
+    for d in (64, 128, 256):  # CTAs whose rows see no key at all
+        q = dtypes.random((1, 600, 2, d), dtypes.FP16, seed=4)
+        k = dtypes.random((1, 50, 2, d), dtypes.FP16, seed=5)
+        flash_attention(q, k, k, causal=True)
+
+
+def gemm_cases():
+    from cukernels import device
+    from moe import gemm_configs, grouped_gemm
+
+    spec = device.current()
+    counts = [0, 130, 1, 0, 257]
+    off = cupy.asarray(np.concatenate([[0], np.cumsum(counts)]).astype(np.int32))
+    for dt in (dtypes.FP16, dtypes.BF16):
+        a = dtypes.random((sum(counts), 200), dt, seed=1)
+        b = dtypes.random((len(counts), 528, 200), dt, seed=2)
+        for cfg in gemm_configs.ALL:
+            if cfg.smem_bytes() > spec.smem_per_block_optin or (cfg.kind == "wgmma" and spec.arch != "sm_90a"):
+                continue
+            for epi in cfg.epilogues():
+                grouped_gemm(a, b, off, epilogue=epi, config=cfg)
+
+
+def moe_cases():
+    import moe
+
+    logits = dtypes.random((300, 60), dtypes.BF16, seed=3)
+    r = moe.route(logits, 4)
+    d = moe.permute(r, block_m=64)
+    x = dtypes.random((300, 136), dtypes.BF16, seed=4)
+    moe.combine(moe.gather(x, d), d, r)
+
+
+def main(names) -> int:
+    cases = {"attention": attention_cases, "gemm": gemm_cases, "moe": moe_cases,
+             "copy": lambda: bandwidth.measure_copy(1 << 20, budget_ms=1)}
+    for name in names or list(cases):
+        cases[name]()
+        cupy.cuda.runtime.deviceSynchronize()
+        print(f"sanitize: {name} ran", flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
