@@ -24,7 +24,7 @@ from .reference import attention_reference
 SUITES = ("default", "seed004", "grug", "sweep", "quick", "ci")
 # expected-table rows (expected_results/*.toml [[attention]]) by suite case name
 _EXPECTED_KEY = {"seed004_b16_s2048_h16_d64": "seed004_a", "seed004_b32_s4096_h32_d128": "seed004_b"}
-_NAIVE_MAX_FLOPS = 1.2e13  # the naive fp32 attention takes ~0.3 s per call at this size: skip larger cases
+_NAIVE_MAX_FLOPS = 5e12  # the naive fp32 attention runs at ~6 TFLOP/s (H200): ~1 s per call; skip larger cases
 
 
 def _suite_cases(suite: str) -> list[suites.Case]:
@@ -150,10 +150,9 @@ def _torch_sdpa(backend_name: str):
             tq, tk, tv = (t.view(torch.float16) for t in (tq, tk, tv))
         gqa = case.params["heads"] != case.params["kv_heads"]
         causal = case.params["causal"]
-        stream = torch.cuda.ExternalStream(__import__("cupy").cuda.get_current_stream().ptr)
 
         def run():
-            with torch.cuda.stream(stream), sdpa_kernel(backend):
+            with bench.torch_on_cupy_stream(), sdpa_kernel(backend):
                 out = torch.nn.functional.scaled_dot_product_attention(tq, tk, tv, is_causal=causal,
                                                                        enable_gqa=gqa)
             return out.transpose(1, 2)
@@ -163,23 +162,10 @@ def _torch_sdpa(backend_name: str):
     return prepare
 
 
-def _torch_peak_memory(fn) -> int:
-    import torch
-
-    torch.cuda.synchronize()
-    torch.cuda.reset_peak_memory_stats()
-    base = torch.cuda.memory_allocated()
-    out = fn()
-    torch.cuda.synchronize()
-    peak = torch.cuda.max_memory_allocated() - base
-    del out
-    return int(peak)
-
-
 def _impls(args) -> list[bench.Impl]:
     torch_impls = [
         bench.Impl(name=name, prepare=_torch_sdpa(backend), baseline=True, unavailable=_torch_missing,
-                   supports=_torch_supports, peak_memory=_torch_peak_memory)
+                   supports=_torch_supports)
         for name, backend in (("torch-flash", "FLASH_ATTENTION"), ("torch-cudnn", "CUDNN_ATTENTION"),
                               ("torch-efficient", "EFFICIENT_ATTENTION"))
     ]

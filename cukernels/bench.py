@@ -37,8 +37,6 @@ class Impl:
     prepare: Callable[[Case, Any], Callable[[], Any]]
     baseline: bool = False  # others are compared against the best baseline
     unavailable: Callable[[], str | None] = lambda: None  # why it cannot run here, or None
-    # measures peak extra device memory (bytes) of one call; default: CuPy's memory pool
-    peak_memory: Callable[[Callable[[], Any]], int] | None = None
     supports: Callable[[Case], str | None] = lambda case: None  # why it cannot run this case, or None
 
 
@@ -85,19 +83,46 @@ class Result:
 _MEASURING_POOLS: list = []  # kept alive: arrays a call caches (workspaces) may live on in them
 
 
-def cupy_peak_memory(fn: Callable[[], Any]) -> int:
-    """Peak device memory one call allocates through CuPy: the call runs with a fresh memory pool, which keeps
-    freed blocks cached, so its size afterwards is the most the call held at once."""
+def peak_memory(fn: Callable[[], Any]) -> int:
+    """Peak device memory one call allocates, through CuPy and (when imported) torch. The call runs with a fresh
+    CuPy memory pool, which keeps freed blocks cached, so its size afterwards is the most the call held at once;
+    torch's allocator reports its own peak. Blocks the call freed go back to the device afterwards."""
     import cupy
 
+    torch = sys.modules.get("torch")
     pool = cupy.cuda.MemoryPool()
-    _MEASURING_POOLS.append(pool)
     cupy.cuda.get_current_stream().synchronize()
+    if torch is not None:
+        torch.cuda.synchronize()
+        torch.cuda.reset_peak_memory_stats()
+        torch_base = torch.cuda.memory_allocated()
     with cupy.cuda.using_allocator(pool.malloc):
         out = fn()
         cupy.cuda.get_current_stream().synchronize()
+    torch_peak = 0
+    if torch is not None:
+        torch.cuda.synchronize()
+        torch_peak = torch.cuda.max_memory_allocated() - torch_base
     del out
-    return int(pool.total_bytes())
+    peak = pool.total_bytes()
+    pool.free_all_blocks()
+    if pool.used_bytes():  # something the call cached lives in this pool: keep the pool alive
+        _MEASURING_POOLS.append(pool)
+    return int(peak + torch_peak)
+
+
+def torch_on_cupy_stream():
+    """Context that makes torch enqueue on CuPy's current stream, so that the timer's events (recorded by CuPy)
+    bracket torch's kernels. On the legacy default stream both libraries already share stream 0."""
+    import contextlib
+
+    import cupy
+    import torch
+
+    ptr = cupy.cuda.get_current_stream().ptr
+    if ptr == 0 or torch.cuda.current_stream().cuda_stream == ptr:
+        return contextlib.nullcontext()
+    return torch.cuda.stream(torch.cuda.ExternalStream(ptr))
 
 
 def _roofline(case: Case, median_ms: float, spec: _device.DeviceSpec | None):
@@ -136,7 +161,10 @@ def run(
     results: list[Result] = []
     total = len(cases) * len(impls)
     t0 = time.perf_counter()
+    import cupy
+
     for ci, case in enumerate(cases):
+        cupy.get_default_memory_pool().free_all_blocks()  # the last case's buffers go back (torch needs room too)
         inputs = op.make_inputs(case, seed + ci)
         reference = op.reference(case, inputs)
         for ii, impl in enumerate(impls):
@@ -175,7 +203,7 @@ def _measure(op, case, impl, inputs, reference, base, spec, budget_ms, rel_noise
     if not all(c.passed for c in again):
         status, reason = "failed-check", "after timing: " + "; ".join(str(c) for c in again if not c.passed)
     tflops, gbs, pct = _roofline(case, t.median_ms, spec)
-    mem = (impl.peak_memory or cupy_peak_memory)(fn)
+    mem = peak_memory(fn)
     return Result(**base, status=status, reason=reason, median_ms=t.median_ms, p20_ms=t.p20_ms, p80_ms=t.p80_ms,
                   rel_noise=t.rel_noise, samples=t.samples, converged=t.converged, tflops=tflops, gbs=gbs,
                   pct_peak=pct, checks=checks, clocks=t.clocks, throttled=t.throttled, peak_memory_bytes=mem,

@@ -328,19 +328,6 @@ def _torch(case: bench.Case, inputs):
     return fn
 
 
-def _torch_peak_memory(fn) -> int:
-    import torch
-
-    torch.cuda.synchronize()
-    torch.cuda.reset_peak_memory_stats()
-    before = torch.cuda.memory_allocated()
-    out = fn()
-    torch.cuda.synchronize()
-    peak = torch.cuda.max_memory_allocated() - before
-    del out
-    return int(peak)
-
-
 def _cublas(case: bench.Case, inputs):
     """cuBLAS on the same groups: one GEMM, or a loop over the non-empty experts. fp16 through CuPy; bf16 through
     torch's cuBLAS (CuPy has no bf16 dtype)."""
@@ -433,15 +420,14 @@ def impls(args) -> list[bench.Impl]:
     pieces = ("route+permute", "gather", "combine")
     return [
         bench.Impl(name="ours", prepare=_ours),
-        bench.Impl(name="torch", prepare=_torch, baseline=True, unavailable=_torch_unavailable,
-                   peak_memory=_torch_peak_memory, supports=_only(pieces, "the torch pipeline covers routing, "
+        bench.Impl(name="torch", prepare=_torch, baseline=True, unavailable=_torch_unavailable, supports=_only(pieces, "the torch pipeline covers routing, "
                                                                   "gather and combine")),
         bench.Impl(name="cublas", prepare=_cublas, baseline=True, supports=_cublas_supports),
         bench.Impl(name="torch-loop", prepare=_torch_layer(grouped=False), baseline=True,
-                   unavailable=_torch_unavailable, peak_memory=_torch_peak_memory,
+                   unavailable=_torch_unavailable,
                    supports=_only(("layer",), "a layer baseline")),
         bench.Impl(name="torch-grouped", prepare=_torch_layer(grouped=True), baseline=True,
-                   unavailable=_grouped_mm_missing, peak_memory=_torch_peak_memory,
+                   unavailable=_grouped_mm_missing,
                    supports=_only(("layer",), "a layer baseline")),
     ]
 
