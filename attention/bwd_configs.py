@@ -1,0 +1,134 @@
+"""Backward-kernel tile configs and ``plan_backward``, independent of the forward's tiles.
+
+A ``BwdConfig`` names both kernels the backward may launch (kernels/flash_bwd.cu):
+
+- ``flash_bwd_dkdv``: a CTA per (KV tile of ``block_n`` rows, kv head, batch) looping over query tiles of
+  ``block_m`` rows with ``warps`` warps and a ``stages``-deep Q/dO ring; by default it also adds dQ with fp32
+  atomics.
+- ``flash_bwd_dq`` (deterministic mode only): a CTA per (query tile of ``dq_block_m`` rows, head, batch) looping
+  over KV tiles of ``dq_block_n`` rows, ``dq_block_m / 16`` warps.
+
+``smem_bytes()`` is the larger of the two kernels' dynamic shared memory, so a plan fits whichever mode runs.
+Every candidate the planner can return compiles without spills for every profile's arch
+(tests/test_attention_bwd_cpu.py). block_m and block_n differ on purpose in several candidates: the segment-id
+tile ranges are computed per kernel with that kernel's own tile sizes (seed 000's failure was a mask built
+with one tile size and compared with another).
+"""
+from __future__ import annotations
+
+import dataclasses
+import math
+
+from cukernels import dtypes, tiling
+from cukernels.device import DeviceSpec
+
+from .configs import HEAD_DIMS, MASK_KINDS, MIN_COMPUTE_CAPABILITY, FwdProblem
+
+OP = "attention.bwd"
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class BwdConfig:
+    head_dim: int
+    block_m: int  # query rows per step of the dK/dV kernel
+    block_n: int  # KV rows per dK/dV CTA
+    warps: int
+    stages: int = 2
+    dq_block_m: int = 64  # query rows per CTA of the deterministic dQ kernel (16 per warp)
+    dq_block_n: int = 64  # KV rows per step of the dQ kernel
+
+    def __post_init__(self):
+        if self.head_dim not in HEAD_DIMS:
+            raise ValueError(f"head_dim must be one of {HEAD_DIMS}, got {self.head_dim}")
+        if self.block_m not in (32, 64, 128):
+            raise ValueError(f"block_m must be 32, 64 or 128 (P/dS tile swizzle), got {self.block_m}")
+        if self.block_n < 16 or self.block_n % 16 or self.warps % (self.block_n // 16):
+            raise ValueError(f"block_n must be a multiple of 16 and warps ({self.warps}) a multiple of "
+                             f"block_n / 16, got block_n={self.block_n}")
+        wc = self.warps // (self.block_n // 16)
+        if (self.block_m // wc) % 16 or (self.head_dim // wc) % 16:
+            raise ValueError(f"{self}: {wc} warps per 16 kv rows leave slices that are not multiples of 16")
+        rq = min(self.block_m // 16, self.warps)
+        if self.warps % rq or (self.block_m // 16) % rq or (self.head_dim // (self.warps // rq)) % 32:
+            raise ValueError(f"{self}: dQ warp grid does not divide the tile")
+        if self.stages not in (1, 2):
+            raise ValueError(f"stages must be 1 or 2, got {self.stages}")
+        if self.dq_block_m not in (16, 32, 64, 128) or self.dq_block_n < 16 or self.dq_block_n % 16:
+            raise ValueError(f"dq_block_m must be 16..128 (16 per warp) and dq_block_n a multiple of 16, got "
+                             f"{self.dq_block_m}, {self.dq_block_n}")
+
+    @property
+    def dq_warps(self) -> int:
+        return self.dq_block_m // 16
+
+    @property
+    def threads(self) -> int:
+        return 32 * max(self.warps, self.dq_warps)
+
+    def dkdv_smem_bytes(self) -> int:
+        d, m, n, s = self.head_dim, self.block_m, self.block_n, self.stages
+        return 2 * (2 * n * d + 2 * s * m * d + 2 * n * m) + 2 * 4 * s * m  # K, V, Q/dO ring, P, dS; lse2, D
+
+    def dq_smem_bytes(self) -> int:
+        d = self.head_dim
+        return 2 * (2 * self.dq_block_m * d + 2 * 2 * self.dq_block_n * d)  # Q, dO; two stages of K, V
+
+    def smem_bytes(self) -> int:
+        return max(self.dkdv_smem_bytes(), self.dq_smem_bytes())
+
+    def name_expression(self, *, dtype, mask: int = 0, kernel: str = "dkdv", dq: bool = True) -> str:
+        if mask not in MASK_KINDS:
+            raise ValueError(f"mask must be one of {MASK_KINDS}, got {mask}")
+        t = dtypes.ctype(dtype)
+        if kernel == "dkdv":
+            return (f"flash_bwd_dkdv<{t},{self.head_dim},{self.block_m},{self.block_n},{self.warps},"
+                    f"{self.stages},{mask},{'true' if dq else 'false'}>")
+        if kernel == "dq":
+            return f"flash_bwd_dq<{t},{self.head_dim},{self.dq_block_m},{self.dq_block_n},{self.dq_warps},{mask}>"
+        raise ValueError(f"kernel must be 'dkdv' or 'dq', got {kernel!r}")
+
+    def name_expressions(self, *, dtype, mask: int) -> list[str]:
+        """Every tile-dependent kernel instance this config may launch for (dtype, mask)."""
+        return [self.name_expression(dtype=dtype, mask=mask, dq=True),
+                self.name_expression(dtype=dtype, mask=mask, dq=False),
+                self.name_expression(dtype=dtype, mask=mask, kernel="dq")]
+
+    def __str__(self) -> str:
+        return (f"BwdConfig(d{self.head_dim} m{self.block_m} n{self.block_n} w{self.warps} s{self.stages} "
+                f"| dq m{self.dq_block_m} n{self.dq_block_n})")
+
+
+# (block_m, block_n, warps, stages, dq_block_m, dq_block_n), preference order per head dim. Registers bound
+# these tiles (dK and dV accumulators stay in registers for the whole CTA): with one 8-warp CTA per SM, ptxas
+# spills at head_dim 128 with 128-row KV tiles, so 64 x 64 it is (the kernel also limits unrolling of the
+# head-dim loop of S^T/dP^T and of the dQ step so that hoisted ldmatrix addresses do not spill). Later candidates are for A100 (166,912 B) and
+# GB10/consumer parts (101,376 B).
+_CANDIDATES = {
+    64: ((64, 128, 8, 2, 64, 64), (64, 64, 4, 2, 64, 64)),
+    128: ((64, 64, 8, 2, 64, 64), (64, 64, 8, 1, 64, 64)),
+    256: ((64, 64, 8, 1, 64, 32), (32, 64, 8, 2, 64, 32), (32, 32, 4, 1, 64, 16)),
+}
+
+
+def search_space(head_dim: int) -> list[BwdConfig]:
+    return [BwdConfig(head_dim=head_dim, block_m=m, block_n=n, warps=w, stages=s, dq_block_m=qm, dq_block_n=qn)
+            for m, n, w, s, qm, qn in _CANDIDATES[head_dim]]
+
+
+def plan_backward(problem: FwdProblem, spec: DeviceSpec) -> tiling.Plan:
+    """The backward config for ``problem`` on ``spec``: a profile override (``[overrides."attention.bwd".
+    head_dim_128]``) if there is one, else the first candidate whose shared memory fits the device."""
+    if tuple(spec.compute_capability) < MIN_COMPUTE_CAPABILITY:
+        cc = "%d.%d" % tuple(spec.compute_capability)
+        raise tiling.PlanError(f"flash attention backward needs compute capability 8.0+ (cp.async, mma.sync "
+                               f"m16n8k16); {spec.name} is {cc}")
+    if problem.head_dim not in HEAD_DIMS:
+        raise tiling.PlanError(f"head_dim must be one of {HEAD_DIMS}, got {problem.head_dim}")
+    raw = spec.overrides.get(OP, {}).get(f"head_dim_{problem.head_dim}")
+    if raw is not None:
+        narrowed = dataclasses.replace(spec, overrides={OP: raw})
+        return tiling.override(narrowed, OP, lambda d: BwdConfig(head_dim=problem.head_dim, **d))
+    kv_ctas = problem.batch * problem.kv_heads * math.ceil(problem.seq_kv / 128)
+    return tiling.choose(search_space(problem.head_dim), spec,
+                         reason=f"largest spill-free backward tiles for head_dim {problem.head_dim} that fit "
+                                f"({kv_ctas} dK/dV CTAs at 128 kv rows)")

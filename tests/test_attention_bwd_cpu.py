@@ -1,0 +1,264 @@
+"""Flash attention backward without a GPU: plans fit every profile for every suite case, every backward
+variant the planner can choose compiles offline for every profile's arch without spills, validation errors name
+the argument before any launch, and the NumPy analytic backward reference matches finite differences."""
+from __future__ import annotations
+
+import concurrent.futures
+import os
+
+import numpy as np
+import pytest
+
+from attention import suites
+from attention.backward import KERNEL_SOURCE, validate_backward
+from attention.backward_reference import attention_backward_reference, attention_forward_reference
+from attention.bwd_configs import BwdConfig, plan_backward, search_space
+from attention.configs import MASK_KINDS, FwdProblem
+from cukernels import compile, device, dtypes, tiling
+
+PROFILES = device.all_profiles()
+HEAD_DIMS = (64, 128, 256)
+
+
+def _problems():
+    """Every suite case, plus each case at every head dim (so head dim 256 is planned on every profile)."""
+    out = []
+    for c in suites.all_cases():
+        for d in HEAD_DIMS:
+            for dt in ("fp16", "bf16"):
+                p = c.problem(dt)
+                out.append((c.name, FwdProblem(**{**p.__dict__, "head_dim": d})))
+    return out
+
+
+@pytest.mark.parametrize("spec", PROFILES, ids=[s.key for s in PROFILES])
+def test_backward_plans_fit_every_profile(spec):
+    for name, problem in _problems():
+        if spec.compute_capability < (8, 0):
+            # T4 (sm_75): no cp.async / bf16 mma.sync; "fits T4" means a clear PlanError, never a launch
+            with pytest.raises(tiling.PlanError, match="compute capability 8.0"):
+                plan_backward(problem, spec)
+            continue
+        plan = plan_backward(problem, spec)
+        cfg = plan.config
+        assert isinstance(cfg, BwdConfig) and cfg.head_dim == problem.head_dim
+        assert cfg.dkdv_smem_bytes() <= spec.smem_per_block_optin, (name, str(plan))
+        assert cfg.dq_smem_bytes() <= spec.smem_per_block_optin, (name, str(plan))
+        assert plan.smem_bytes == cfg.smem_bytes() and plan.limit == spec.smem_per_block_optin
+        assert cfg.threads <= spec.max_threads_per_block
+
+
+def test_seed000_cases_plan_on_gb10():
+    """Seed 000's failures: head dim 256 backward on GB10 (smem 167,936 > 101,376) and SWA + segment ids."""
+    gb10 = device.profile("gb10")
+    for name in ("hd256", "swa_seg"):
+        plan = plan_backward(suites.get(name).problem(), gb10)
+        assert plan.smem_bytes <= 101_376, str(plan)
+
+
+def test_some_plans_use_different_q_and_kv_tiles():
+    """The planner does choose block_m != block_n (and the dQ kernel's own tiles), so the GPU segment test
+    with such a plan exercises seed 000's mask-shape case."""
+    diff = {str(c) for d in HEAD_DIMS for c in search_space(d)
+            if c.block_m != c.block_n or c.dq_block_m != c.dq_block_n}
+    assert diff
+    h200 = device.profile("h200")
+    assert any(plan_backward(suites.get(n).problem(), h200).config.block_m
+               != plan_backward(suites.get(n).problem(), h200).config.block_n for n in ("hd256", "quick_d64"))
+
+
+def test_config_rejects_bad_tiles():
+    with pytest.raises(ValueError, match="block_m"):
+        BwdConfig(head_dim=128, block_m=48, block_n=64, warps=8)
+    with pytest.raises(ValueError, match="block_n"):
+        BwdConfig(head_dim=128, block_m=64, block_n=40, warps=8)
+    with pytest.raises(ValueError, match="head_dim"):
+        BwdConfig(head_dim=96, block_m=64, block_n=64, warps=8)
+
+
+def test_profile_override_is_validated():
+    import dataclasses
+
+    spec = device.profile("gb10")
+    bad = dataclasses.replace(spec, overrides={"attention.bwd": {"head_dim_128": {
+        "block_m": 64, "block_n": 128, "warps": 8, "stages": 2}}})
+    with pytest.raises(tiling.PlanError, match="does not fit"):
+        plan_backward(suites.get("qwen").problem(), bad)
+
+
+# ---------------------------------------------------------------- offline compilation
+
+
+def _variants():
+    """{arch: set of configs} the planner can choose on the profiles with that arch."""
+    by_arch: dict[str, set] = {}
+    for spec in PROFILES:
+        if spec.compute_capability < (8, 0):
+            continue
+        for _, problem in _problems():
+            by_arch.setdefault(spec.arch, set()).add(plan_backward(problem, spec).config)
+    return by_arch
+
+
+def _compile_group(arch, exprs):
+    return compile.compile_offline(KERNEL_SOURCE, exprs, arch)
+
+
+# ptxas' register allocation has been identical for fp16 and bf16 in every instance checked; CI compiles the bf16
+# instances of every planned variant (about 2 minutes on 2 cores), CUKERNELS_FULL_COMPILE=1 adds fp16 (twice that).
+_COMPILE_DTYPES = (dtypes.BF16, dtypes.FP16) if os.environ.get("CUKERNELS_FULL_COMPILE") else (dtypes.BF16,)
+
+
+def test_every_planned_variant_compiles_without_spills():
+    jobs = []
+    for arch, configs in sorted(_variants().items()):
+        common = [f"flash_bwd_preprocess<{dtypes.ctype(dt)},{d}>" for dt in (dtypes.FP16, dtypes.BF16)
+                  for d in HEAD_DIMS] + [f"flash_bwd_dq_convert<{dtypes.ctype(dt)}>" for dt in (dtypes.FP16, dtypes.BF16)]
+        jobs.append((arch, common))
+        for cfg in sorted(configs, key=str):
+            for dt in _COMPILE_DTYPES:
+                for mask in MASK_KINDS:
+                    jobs.append((arch, cfg.name_expressions(dtype=dt, mask=mask)))
+    jobs.sort(key=lambda j: -len(j[1]))
+    workers = min(len(jobs), max(1, os.cpu_count() or 1))
+    with concurrent.futures.ProcessPoolExecutor(workers) as pool:
+        results = list(pool.map(_compile_group, *zip(*jobs)))
+    problems = []
+    for res in results:
+        for expr, r in res.items():
+            if r.spills or r.stack_bytes:
+                problems.append(f"{r.arch} {expr}: {r.registers} regs, {r.spills} B spilled, {r.stack_bytes} B stack")
+    assert not problems, "\n".join(problems)
+
+
+# ---------------------------------------------------------------- validation (no GPU needed)
+
+
+class _FakeCupy:
+    """Just the attributes validation reads, typed as a CuPy array on device 0."""
+
+    __module__ = "cupy._fake"
+
+    def __init__(self, shape, dtype, device_id=0, strides=None):
+        self.shape = tuple(shape)
+        self.dtype = np.dtype(dtype)
+        c = [1] * len(shape)
+        for i in range(len(shape) - 2, -1, -1):
+            c[i] = c[i + 1] * shape[i + 1]
+        self.strides = tuple(s * self.dtype.itemsize for s in (strides or c))
+        self.device = type("Dev", (), {"id": device_id})()
+
+
+def _args(**over):
+    q = _FakeCupy((2, 100, 8, 128), np.float16)
+    kv = _FakeCupy((2, 120, 2, 128), np.float16)
+    a = dict(do=_FakeCupy((2, 100, 8, 128), np.float16), q=q, k=kv, v=kv, o=_FakeCupy((2, 100, 8, 128), np.float16),
+             lse=_FakeCupy((2, 8, 100), np.float32))
+    a.update(over)
+    return a
+
+
+def test_validation_accepts_good_inputs():
+    a = _args()
+    p = validate_backward(a["do"], a["q"], a["k"], a["v"], a["o"], a["lse"], causal=True)
+    assert (p.heads, p.kv_heads, p.head_dim, p.dtype) == (8, 2, 128, "fp16")
+
+
+@pytest.mark.parametrize("over, err, match", [
+    ({"do": _FakeCupy((2, 100, 8, 64), np.float16)}, ValueError, "do must have q's shape"),
+    ({"o": _FakeCupy((2, 100, 8, 128), np.uint16)}, TypeError, "o must have q's dtype"),
+    ({"lse": _FakeCupy((2, 100, 8), np.float32)}, ValueError, "lse must have shape"),
+    ({"lse": _FakeCupy((2, 8, 100), np.float16)}, TypeError, "lse must be float32"),
+    ({"lse": np.zeros((2, 8, 100), np.float32)}, ValueError, "lse is on device None"),
+    ({"do": _FakeCupy((2, 100, 8, 128), np.float16, device_id=1)}, ValueError, "do is on device 1"),
+    ({"o": _FakeCupy((2, 100, 8, 128), np.float16, strides=(100 * 8 * 128, 8 * 128, 128, 2))}, ValueError,
+     "o must be contiguous along head_dim"),
+    ({"k": _FakeCupy((2, 120, 3, 128), np.float16), "v": _FakeCupy((2, 120, 3, 128), np.float16)}, ValueError,
+     "multiple of k/v heads"),
+    ({"lse": None}, TypeError, "lse must be a float32"),
+])
+def test_validation_errors_name_the_argument(over, err, match):
+    a = _args(**over)
+    with pytest.raises(err, match=match):
+        validate_backward(a["do"], a["q"], a["k"], a["v"], a["o"], a["lse"])
+
+
+def test_validation_deterministic_must_be_bool():
+    a = _args()
+    with pytest.raises(TypeError, match="deterministic must be a bool"):
+        validate_backward(a["do"], a["q"], a["k"], a["v"], a["o"], a["lse"], deterministic="yes")
+
+
+# ---------------------------------------------------------------- the analytic reference
+
+
+def _finite_difference(fn, x, eps=1e-6):
+    g = np.zeros_like(x)
+    for i in np.ndindex(x.shape):
+        old = x[i]
+        x[i] = old + eps
+        hi = fn()
+        x[i] = old - eps
+        lo = fn()
+        x[i] = old
+        g[i] = (hi - lo) / (2 * eps)
+    return g
+
+
+FD_CASES = [
+    (1, 5, 5, 2, 2, {}),
+    (2, 4, 6, 4, 2, {"causal": True}),
+    (1, 6, 3, 2, 1, {"causal": True}),  # seq_q > seq_kv: the first rows see no key
+    (1, 7, 7, 2, 1, {"window": (2, 1)}),
+    (1, 6, 6, 2, 2, {"causal": True, "window": (1, 0), "softmax_scale": 0.7}),
+    (2, 6, 6, 2, 1, {"segments": True}),
+    (1, 5, 7, 2, 1, {"segment_pair": True}),
+]
+
+
+@pytest.mark.parametrize("case", FD_CASES, ids=[str(i) for i in range(len(FD_CASES))])
+def test_reference_backward_matches_finite_differences(case):
+    batch, sq, skv, heads, kvh, opts = case
+    opts = dict(opts)
+    rng = np.random.default_rng(sq * 7 + skv)
+    dim = 4
+    q = rng.standard_normal((batch, sq, heads, dim))
+    k = rng.standard_normal((batch, skv, kvh, dim))
+    v = rng.standard_normal((batch, skv, kvh, dim))
+    do = rng.standard_normal((batch, sq, heads, dim))
+    if opts.pop("segments", False):
+        opts["segment_ids"] = np.array([[0, 0, 1, 1, 1, 2]] * batch, dtype=np.int32)
+    if opts.pop("segment_pair", False):
+        opts["segment_ids"] = (np.array([[0, 1, 1, 5, 0]], dtype=np.int32),
+                               np.array([[0, 0, 1, 1, 1, 2, 2]], dtype=np.int32))
+
+    def loss():
+        o, _ = attention_forward_reference(q, k, v, precision="fp64", **opts)
+        return float((o * do).sum())
+
+    dq, dk, dv = attention_backward_reference(do, q, k, v, precision="fp64", **opts)
+    for name, x, g in (("dq", q, dq), ("dk", k, dk), ("dv", v, dv)):
+        fd = _finite_difference(loss, x)
+        np.testing.assert_allclose(g, fd, rtol=1e-6, atol=1e-8, err_msg=name)
+        assert np.isfinite(g).all()
+
+
+def test_reference_empty_rows_give_zero_gradient():
+    rng = np.random.default_rng(0)
+    q, do = rng.standard_normal((1, 6, 2, 4)), rng.standard_normal((1, 6, 2, 4))
+    k, v = rng.standard_normal((1, 3, 1, 4)), rng.standard_normal((1, 3, 1, 4))
+    dq, dk, dv = attention_backward_reference(do, q, k, v, causal=True, precision="fp64")
+    assert (dq[:, :3] == 0).all() and np.isfinite(dk).all() and np.isfinite(dv).all()
+
+
+def test_reference_forward_matches_forward_engineers_reference():
+    from attention import attention_reference
+
+    rng = np.random.default_rng(1)
+    q = rng.standard_normal((2, 9, 4, 8)).astype(np.float32)
+    k = rng.standard_normal((2, 11, 2, 8)).astype(np.float32)
+    v = rng.standard_normal((2, 11, 2, 8)).astype(np.float32)
+    o, lse = attention_forward_reference(q, k, v, causal=True, window=(3, 0))
+    ro, rlse = attention_reference(q, k, v, causal=True, window=(3, 0), return_lse=True)
+    np.testing.assert_allclose(o, ro, rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(lse, rlse, rtol=1e-5, atol=1e-6)
