@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import datetime
+import os
 import platform
 import subprocess
 from pathlib import Path
@@ -11,6 +12,10 @@ from . import device as _device
 
 
 def git_revision() -> str | None:
+    """The checkout's commit (``-dirty`` with local changes); ``CUKERNELS_REVISION`` stands in where the tree was
+    copied without its .git (a remote GPU machine)."""
+    if os.environ.get("CUKERNELS_REVISION"):
+        return os.environ["CUKERNELS_REVISION"]
     root = Path(__file__).resolve().parent.parent
     try:
         rev = subprocess.run(["git", "-C", str(root), "rev-parse", "--short=12", "HEAD"], capture_output=True,
