@@ -74,17 +74,22 @@ def toolkit_include_dirs() -> tuple[str, ...]:
     return tuple(dict.fromkeys(found))
 
 
+# headers every op's kernels may include (e.g. "wgmma.cuh"): the engine's own kernel folder
+ENGINE_INCLUDE = Path(__file__).resolve().parent / "kernels"
+
+
 def _tree_digest(source: Path) -> str:
-    """Digest of the source and every header beside it: CuPy's disk cache keys on the top file only."""
+    """Digest of the source and every header it can include (its folder and the engine's): CuPy's disk cache
+    keys on the top file only."""
     h = hashlib.sha256()
-    for path in sorted(source.parent.glob("*.cu*")):
+    for path in sorted(source.parent.glob("*.cu*")) + sorted(ENGINE_INCLUDE.glob("*.cuh")):
         h.update(path.name.encode())
         h.update(path.read_bytes())
     return h.hexdigest()[:16]
 
 
 def _options(source: Path, arch: str, options: Iterable[str]) -> tuple[str, ...]:
-    opts = list(_BASE_OPTIONS) + [f"-arch={arch}", f"-I{source.parent}"]
+    opts = list(_BASE_OPTIONS) + [f"-arch={arch}", f"-I{source.parent}", f"-I{ENGINE_INCLUDE}"]
     opts += [f"-I{d}" for d in toolkit_include_dirs()]
     opts.append(f"-DCUKERNELS_SOURCE_DIGEST=0x{_tree_digest(source)}")
     opts += list(options)

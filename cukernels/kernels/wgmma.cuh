@@ -1,0 +1,43 @@
+// Hopper warpgroup MMA (sm_90a) for every op package: matrix descriptors, ordering fences, and (wgmma_ops.cuh,
+// generated) the mma_async wrappers. Compiled only into sm_90a instances: the planners pick wgmma tiles on
+// sm_90a alone.
+//
+// Shared-memory operand layout: 128-byte swizzle. A tile is stored as blocks of 64 16-bit elements per row
+// (128-byte rows); within a block, 16-byte chunk c of row r sits at chunk c ^ (r % 8), and 8 consecutive rows
+// form a 1024-byte atom (so every block must start 1024-byte aligned). A K-major operand (rows = M or N, the
+// 64 elements = K) steps through K by advancing the start address 32 bytes per k16 step inside a block; an
+// MN-major operand (rows = K, the 64 elements = M or N) steps through K by 16 rows = 2048 bytes.
+#pragma once
+
+#include "wgmma_ops.cuh"
+
+namespace wgmma {
+
+// byte offset of 16-byte chunk `chunk` of row `row` in a ROWS-row tile stored as 64-element blocks
+template <int ROWS>
+__device__ __forceinline__ int blocked_offset(int row, int chunk) {
+    return (chunk >> 3) * (ROWS * 128) + row * 128 + (((chunk & 7) ^ (row & 7)) << 4);
+}
+
+// K-major, 128-byte swizzle: start >> 4 (bits 0-13), leading offset unused by this layout (1), stride between
+// 8-row atoms 1024 B (bits 32-45), layout type SWIZZLE_128B (bits 62-63)
+__device__ __forceinline__ unsigned long long desc_k_major(unsigned smem_byte_addr) {
+    return (unsigned long long)((smem_byte_addr & 0x3FFFF) >> 4) | (1ull << 16) | (64ull << 32) | (1ull << 62);
+}
+
+// MN-major, 128-byte swizzle: leading offset = bytes between consecutive 64-element blocks along M/N,
+// stride offset = bytes between consecutive 8-row atoms along K (1024)
+__device__ __forceinline__ unsigned long long desc_mn_major(unsigned smem_byte_addr, unsigned block_bytes) {
+    return (unsigned long long)((smem_byte_addr & 0x3FFFF) >> 4) | ((unsigned long long)(block_bytes >> 4) << 16) |
+           (64ull << 32) | (1ull << 62);
+}
+
+__device__ __forceinline__ void fence() { asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory"); }
+__device__ __forceinline__ void commit() { asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory"); }
+template <int N> __device__ __forceinline__ void wait() {
+    asm volatile("wgmma.wait_group.sync.aligned %0;\n" ::"n"(N) : "memory");
+}
+// shared memory written through the generic proxy (st.shared, cp.async) before wgmma reads it
+__device__ __forceinline__ void fence_proxy_async() { asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory"); }
+
+}  // namespace wgmma
