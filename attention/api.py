@@ -23,7 +23,8 @@ from cukernels import dtypes
 
 from .configs import HEAD_DIMS, MASK_SEGMENTS, FwdProblem, plan_forward
 
-KERNEL_SOURCE = Path(__file__).parent / "kernels" / "flash_fwd.cu"
+KERNELS = Path(__file__).parent / "kernels"
+KERNEL_SOURCE = KERNELS / "flash_fwd.cu"  # the mma.sync kernel and the segment-range pre-pass
 _ALIGN_ELEMS = 8  # 16-byte cp.async copies
 
 
@@ -218,10 +219,12 @@ def prepare(q, k, v, *, causal=False, window=None, segment_ids=None, softmax_sca
         if plan is None:
             plan = plan_forward(problem, spec)
         cfg = plan.config
+        if cfg.source == "flash_fwd_sm90.cu" and spec.arch != "sm_90a":
+            raise ValueError(f"plan {cfg} needs wgmma (sm_90a); this device compiles for {spec.arch}")
         if cfg.head_dim != problem.head_dim:
             raise ValueError(f"plan is for head_dim {cfg.head_dim}, the inputs have {problem.head_dim}")
         dtype = dtypes.from_name(problem.dtype)
-        kern = _compile.kernel(KERNEL_SOURCE, cfg.name_expression(dtype=dtype, mask=problem.mask))
+        kern = _compile.kernel(KERNELS / cfg.source, cfg.name_expression(dtype=dtype, mask=problem.mask))
 
         B, Sq, H, D = problem.batch, problem.seq_q, problem.heads, problem.head_dim
         Skv = problem.seq_kv

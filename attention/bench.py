@@ -17,7 +17,7 @@ import numpy as np
 from cukernels import bench, checks, cli, compile, device, dtypes, tiling
 
 from . import suites
-from .api import KERNEL_SOURCE, flash_attention
+from .api import KERNELS, flash_attention
 from .configs import plan_forward
 from .reference import attention_reference
 
@@ -198,7 +198,7 @@ def _plan_rows(cases: list[bench.Case], spec: device.DeviceSpec, with_compile: b
         if with_compile:
             expr = cfg.name_expression(dtype=dtypes.from_name(case.dtype), mask=_problem(case).problem().mask)
             try:
-                res = compile.compile_offline(KERNEL_SOURCE, [expr], spec.arch)[expr]
+                res = compile.compile_offline(KERNELS / cfg.source, [expr], spec.arch)[expr]
                 row.update({"regs": res.registers, "spill B": res.spills, "stack B": res.stack_bytes})
             except compile.CompileError as exc:
                 row.update({"regs": "compile error", "spill B": str(exc).splitlines()[0]})

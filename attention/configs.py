@@ -46,6 +46,8 @@ class FwdConfig:
         if (self.block_n * chunks) % self.threads or (self.block_m * chunks) % self.threads:
             raise ValueError(f"{self}: tiles must split evenly into 16-byte copies over {self.threads} threads")
 
+    source = "flash_fwd.cu"  # in attention/kernels
+
     @property
     def threads(self) -> int:
         return 32 * self.warps
@@ -62,6 +64,48 @@ class FwdConfig:
     def __str__(self) -> str:
         return (f"FwdConfig(d{self.head_dim} m{self.block_m} n{self.block_n} "
                 f"w{self.warps} s{self.stages})")
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class FwdWgmmaConfig:
+    """One instance of ``flash_fwd_wgmma`` (kernels/flash_fwd_sm90.cu, sm_90a only): ``warpgroups`` x 64 query
+    rows per CTA, BLOCK_N KV rows per stage. Shared memory: Q tile + STAGES x (K + V tiles), 2-byte elements,
+    plus 1 KiB to align the tiles to the 1024-byte swizzle atom."""
+
+    head_dim: int
+    block_n: int
+    warpgroups: int = 2
+    stages: int = 2
+
+    source = "flash_fwd_sm90.cu"
+
+    def __post_init__(self):
+        if self.head_dim not in HEAD_DIMS:
+            raise ValueError(f"head_dim must be one of {HEAD_DIMS}, got {self.head_dim}")
+        if self.block_n not in (64, 128, 256):
+            raise ValueError(f"block_n must be 64, 128 or 256 (a wgmma N), got {self.block_n}")
+        if self.warpgroups not in (1, 2) or self.stages < 2:
+            raise ValueError(f"warpgroups must be 1 or 2 and stages >= 2, got {self.warpgroups}, {self.stages}")
+
+    @property
+    def block_m(self) -> int:
+        return 64 * self.warpgroups
+
+    @property
+    def threads(self) -> int:
+        return 128 * self.warpgroups
+
+    def smem_bytes(self) -> int:
+        return 2 * self.head_dim * (self.block_m + 2 * self.stages * self.block_n) + 1024
+
+    def name_expression(self, *, dtype, mask: int = 0) -> str:
+        if mask not in MASK_KINDS:
+            raise ValueError(f"mask must be one of {MASK_KINDS}, got {mask}")
+        return (f"flash_fwd_wgmma<{dtypes.ctype(dtype)},{self.head_dim},{self.block_n},{self.warpgroups},"
+                f"{self.stages},{mask}>")
+
+    def __str__(self) -> str:
+        return f"FwdWgmmaConfig(d{self.head_dim} m{self.block_m} n{self.block_n} wg{self.warpgroups} s{self.stages})"
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -94,10 +138,23 @@ _CANDIDATES = {
 }
 
 
-def search_space(head_dim: int) -> list[FwdConfig]:
-    """Every config the planner may return for ``head_dim`` (heuristic candidates)."""
-    return [FwdConfig(head_dim=head_dim, block_m=m, block_n=n, warps=w, stages=s)
-            for m, n, w, s in _CANDIDATES[head_dim]]
+# Hopper (sm_90a): (block_n, warpgroups, stages); 128-row tiles first, 64-row ones for small grids
+_WGMMA_CANDIDATES = {
+    64: ((128, 2, 2), (128, 1, 2)),
+    128: ((128, 2, 2), (128, 1, 2)),
+    256: ((64, 2, 2), (64, 1, 2)),
+}
+
+
+def search_space(head_dim: int, spec: DeviceSpec | None = None) -> list:
+    """Every config the planner may return for ``head_dim`` on ``spec`` (heuristic candidates): the wgmma tiles
+    first on sm_90a, then the mma.sync tiles that run on every sm_80+ GPU."""
+    mma = [FwdConfig(head_dim=head_dim, block_m=m, block_n=n, warps=w, stages=s)
+           for m, n, w, s in _CANDIDATES[head_dim]]
+    if spec is None or spec.arch != "sm_90a":
+        return mma
+    return [FwdWgmmaConfig(head_dim=head_dim, block_n=n, warpgroups=w, stages=s)
+            for n, w, s in _WGMMA_CANDIDATES[head_dim]] + mma
 
 
 def plannable(spec: DeviceSpec, head_dim: int) -> list[FwdConfig]:
@@ -110,7 +167,7 @@ def plannable(spec: DeviceSpec, head_dim: int) -> list[FwdConfig]:
     tuned = _override(probe, spec)
     if tuned is not None:
         found.append(tuned.config)
-    space = search_space(head_dim)
+    space = search_space(head_dim, spec)
     for order in (space, sorted(space, key=lambda c: c.block_m != 64)):
         fitting = [c for c in order if tiling.fits(c, spec) is None]
         if fitting and fitting[0] not in found:
@@ -142,13 +199,13 @@ def plan_forward(problem: FwdProblem, spec: DeviceSpec) -> tiling.Plan:
     tuned = _override(problem, spec)
     if tuned is not None:
         return tuned
-    candidates = search_space(problem.head_dim)
+    candidates = search_space(problem.head_dim, spec)
     ctas_128 = problem.batch * problem.heads * math.ceil(problem.seq_q / 128)
     reason = f"fastest spill-free tile for head_dim {problem.head_dim} that fits"
     if ctas_128 < spec.sm_count:
         candidates = sorted(candidates, key=lambda c: c.block_m != 64)
         reason = f"{ctas_128} CTAs of 128 rows < {spec.sm_count} SMs: 64-row query tiles first; " + reason
-    elif problem.mask & MASK_WINDOW and problem.head_dim == 128:
+    elif problem.mask & MASK_WINDOW and problem.head_dim == 128 and spec.arch != "sm_90a":
         # measured on H200 (docs/perf/attention.md): with causal/window masks 64-row tiles waste less work on
         # the diagonal and balance better, 3-5% (swa_seg 23%) faster than 128-row ones
         candidates = sorted(candidates, key=lambda c: c.block_m != 64)

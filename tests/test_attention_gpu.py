@@ -28,7 +28,7 @@ def _inputs(batch, seq_q, seq_kv, heads, kv_heads, dim, dtype, seed):
     return q, k, v
 
 
-def _check(q, k, v, dtype, **kw):
+def _check(q, k, v, dtype, plan=None, **kw):
     import cupy
 
     from attention import attention_reference, flash_attention
@@ -36,7 +36,7 @@ def _check(q, k, v, dtype, **kw):
     batch, seq_q, heads, dim = q.shape
     checks.poison_pool(batch * seq_q * heads * dim * 2)
     checks.poison_pool(batch * heads * seq_q * 4)
-    o, lse = flash_attention(q, k, v, return_lse=True, **kw)
+    o, lse = flash_attention(q, k, v, return_lse=True, plan=plan, **kw)
     cupy.cuda.get_current_stream().synchronize()
     assert o.shape == q.shape and o.dtype == q.dtype
     assert lse.shape == (batch, heads, seq_q) and lse.dtype == np.float32
@@ -180,3 +180,28 @@ def test_host_arrays_rejected_before_launch():
     q = np.zeros((1, 8, 2, 64), dtype=np.float16)
     with pytest.raises(TypeError, match="host data"):
         flash_attention(q, q, q)
+
+
+# The portable mma.sync kernel, forced on GPUs whose planner prefers another (the wgmma kernel on sm_90a).
+MMA_SYNC_CASES = [
+    (2, 257, 257, 4, 2, 64, "fp16", {}),
+    (1, 1000, 1000, 2, 1, 128, "bf16", {"causal": True}),
+    (1, 333, 333, 2, 2, 256, "fp16", {"window": (64, 32)}),
+    (2, 17, 1000, 4, 4, 128, "fp16", {"causal": True}),
+]
+
+
+@pytest.mark.parametrize("case", MMA_SYNC_CASES, ids=lambda c: f"{c[1]}x{c[2]}_d{c[5]}_{c[6]}_{sorted(c[7])}")
+def test_mma_sync_kernel_everywhere(case):
+    from attention import configs
+    from cukernels import device, tiling
+
+    batch, seq_q, seq_kv, heads, kv_heads, dim, dtype, kw = case
+    spec = device.current()
+    mma = [c for c in configs.plannable(spec, dim) if isinstance(c, configs.FwdConfig)]
+    if not mma:
+        mma = [c for c in configs.search_space(dim) if tiling.fits(c, spec) is None][:1]
+    plan = tiling.Plan(config=mma[0], smem_bytes=mma[0].smem_bytes(), limit=spec.smem_per_block_optin,
+                       reason="forced mma.sync")
+    q, k, v = _inputs(batch, seq_q, seq_kv, heads, kv_heads, dim, dtype, seed=11)
+    _check(q, k, v, dtype, plan=plan, **kw)

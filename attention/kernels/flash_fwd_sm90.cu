@@ -1,0 +1,267 @@
+// Flash attention forward on Hopper warpgroup MMA (sm_90a only): the FlashAttention-2 algorithm of
+// flash_fwd.cu with both matrix products on wgmma, which reads its operands from shared memory in the tensor
+// cores' own pipeline instead of through ldmatrix and per-warp mma.sync.
+//
+// Layout and arguments: as flash_fwd (q/k/v [batch, seq, heads, HEAD_DIM] with strided first dimensions, o
+// contiguous, lse float32 [batch, heads, seq_q], kv head = head / kv_group, the same MASK bits and tile-range
+// logic).
+//
+// Grid: (ceil(seq_q / BLOCK_M), heads, batch), query tiles in reverse order. Block: WGS warpgroups of 128
+// threads; warpgroup w owns query rows [64 w, 64 w + 64) of the BLOCK_M = 64 WGS tile.
+//
+// Shared memory (1024-byte aligned): Q (BLOCK_M x HEAD_DIM), then STAGES x K and STAGES x V tiles (BLOCK_N x
+// HEAD_DIM), each stored as HEAD_DIM / 64 blocks of 128-byte rows with the 128-byte swizzle (wgmma.cuh), filled
+// by cp.async (rows past the end zero-filled).
+//
+// Per KV tile and warpgroup:
+//   S = Q K^T   wgmma m64n{BLOCK_N}k16, both operands K-major in shared memory (HEAD_DIM / 16 steps);
+//   online softmax on the S accumulators in registers (exp2 with the scale folded in log2 space), exactly as
+//   flash_fwd: the accumulator layout per warp is the m16n8 C layout, rows g and g + 8 of the warp's 16;
+//   O += P V    wgmma m64n{HEAD_DIM}k16 with P from registers (the S accumulators of columns 16 j .. 16 j + 15,
+//   rounded to T, are the A fragment of k-step j) and V in shared memory MN-major (rows = keys = the k
+//   dimension, 64-element blocks = head_dim).
+// The next K/V tiles stream in (cp.async, STAGES deep) while the tensor cores work on this one.
+#include "common.cuh"
+#include "wgmma.cuh"
+
+using namespace attn;
+
+template <typename T, int HEAD_DIM, int BLOCK_N, int WGS, int STAGES, int MASK>
+__global__ void __launch_bounds__(WGS * 128, 1)
+flash_fwd_wgmma(const T* __restrict__ q, const T* __restrict__ k, const T* __restrict__ v, T* __restrict__ o,
+                float* __restrict__ lse, const int* __restrict__ q_ids, const int* __restrict__ kv_ids,
+                const int2* __restrict__ q_tile_ids, const int2* __restrict__ kv_tile_ids, long long q_sb,
+                long long q_ss, long long q_sh, long long k_sb, long long k_ss, long long k_sh, long long v_sb,
+                long long v_ss, long long v_sh, int seq_q, int seq_kv, int heads, int kv_group, int window_left,
+                int window_right, float scale_log2) {
+    constexpr int BLOCK_M = 64 * WGS;
+    constexpr int THREADS = 128 * WGS;
+    constexpr int CHUNKS = HEAD_DIM / 8;  // 16-byte chunks per row
+    constexpr int NT = BLOCK_N / 8;       // 8-column tiles of S
+    constexpr int DT = HEAD_DIM / 8;      // 8-column tiles of O
+    constexpr bool WINDOW = (MASK & 1) != 0;
+    constexpr bool SEGMENTS = (MASK & 2) != 0;
+    constexpr int Q_BYTES = BLOCK_M * HEAD_DIM * 2, KV_BYTES = BLOCK_N * HEAD_DIM * 2;
+    static_assert(HEAD_DIM % 64 == 0 && (BLOCK_N == 64 || BLOCK_N == 128 || BLOCK_N == 256), "wgmma shapes");
+    static_assert(HEAD_DIM <= 256, "O accumulates in one m64n{HEAD_DIM} wgmma");
+    static_assert((BLOCK_N * CHUNKS) % THREADS == 0 && (BLOCK_M * CHUNKS) % THREADS == 0, "copy split");
+
+    extern __shared__ __align__(1024) unsigned char smem_raw[];
+    const unsigned raw0 = smem_addr(smem_raw);
+    unsigned char* smem = smem_raw + (((raw0 + 1023) & ~1023u) - raw0);  // smem_bytes() reserves the slack
+    const unsigned sQ = smem_addr(smem), sK = sQ + Q_BYTES, sV = sK + STAGES * KV_BYTES;
+
+    const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, wg = warp >> 2;
+    const int g = lane >> 2, t = lane & 3;
+    const int m_block = gridDim.x - 1 - blockIdx.x;
+    const int head = blockIdx.y, b = blockIdx.z;
+    const int m0 = m_block * BLOCK_M;
+    const int m_last = min(m0 + BLOCK_M, seq_q) - 1;
+    const int shift = seq_kv - seq_q;
+
+    const T* qb = q + b * q_sb + head * q_sh;
+    const T* kb = k + b * k_sb + (head / kv_group) * k_sh;
+    const T* vb = v + b * v_sb + (head / kv_group) * v_sh;
+
+    // ---- the KV tiles this query tile can see (as flash_fwd)
+    int n_lo = 0, n_hi = seq_kv;
+    if constexpr (WINDOW) {
+        n_lo = max(0, m0 + shift - window_left);
+        n_hi = min(seq_kv, m_last + shift + window_right + 1);
+    }
+    const int nb_min = n_lo / BLOCK_N;
+    const int nb_max = n_hi > n_lo ? (n_hi + BLOCK_N - 1) / BLOCK_N : nb_min;
+    const int n_kv_tiles = (seq_kv + BLOCK_N - 1) / BLOCK_N;
+    int2 q_range = make_int2(0, 0);
+    if constexpr (SEGMENTS) q_range = q_tile_ids[b * gridDim.x + m_block];
+    auto next_visible = [&](int nb) {
+        if constexpr (SEGMENTS) {
+            while (nb < nb_max) {
+                const int2 r = kv_tile_ids[b * n_kv_tiles + nb];
+                if (r.x <= q_range.y && q_range.x <= r.y) break;
+                ++nb;
+            }
+        }
+        return nb;
+    };
+    auto needs_mask = [&](int nb) {
+        const int n0 = nb * BLOCK_N;
+        bool mask = n0 + BLOCK_N > seq_kv;
+        if constexpr (WINDOW) {
+            mask |= n0 + BLOCK_N - 1 > m0 + shift + window_right;
+            mask |= n0 < m_last + shift - window_left;
+        }
+        if constexpr (SEGMENTS) {
+            const int2 r = kv_tile_ids[b * n_kv_tiles + nb];
+            mask |= !(q_range.x == q_range.y && r.x == r.y && r.x == q_range.x);
+        }
+        return mask;
+    };
+
+    // ---- copies into the blocked, swizzled layout; rows past the end zero-filled
+    auto load_rows = [&](unsigned dst, const T* src, long long stride, int row0, int rows_valid, auto rows_c) {
+        constexpr int ROWS = decltype(rows_c)::value;
+#pragma unroll
+        for (int it = 0; it < ROWS * CHUNKS / THREADS; ++it) {
+            const int i = it * THREADS + tid;
+            const int row = i / CHUNKS, ch = i % CHUNKS;
+            const bool ok = row0 + row < rows_valid;
+            cp_async16(dst + wgmma::blocked_offset<ROWS>(row, ch), src + (ok ? (row0 + row) * stride : 0) + ch * 8, ok);
+        }
+    };
+    auto load_kv = [&](int nb, int stage) {
+        load_rows(sK + stage * KV_BYTES, kb, k_ss, nb * BLOCK_N, seq_kv, Int<BLOCK_N>{});
+        load_rows(sV + stage * KV_BYTES, vb, v_ss, nb * BLOCK_N, seq_kv, Int<BLOCK_N>{});
+    };
+
+    load_rows(sQ, qb, q_ss, m0, seq_q, Int<BLOCK_M>{});
+    cp_async_commit();
+    int load_nb = next_visible(nb_min);
+    int load_stage = 0;
+#pragma unroll
+    for (int s = 0; s < STAGES - 1; ++s) {
+        if (load_nb < nb_max) {
+            load_kv(load_nb, load_stage);
+            load_nb = next_visible(load_nb + 1);
+        }
+        cp_async_commit();
+        load_stage = load_stage + 1 == STAGES ? 0 : load_stage + 1;
+    }
+
+    // ---- softmax state for rows g and g + 8 of this warp's 16 (CTA rows 16 warp + g (+ 8))
+    const int warp_row = warp * 16;
+    float o_acc[DT * 4];
+    float row_max[2], row_sum[2];
+    int qid[2];
+#pragma unroll
+    for (int i = 0; i < DT * 4; ++i) o_acc[i] = 0.f;
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+        row_max[h] = neg_inf();
+        row_sum[h] = 0.f;
+        const int row = m0 + warp_row + g + 8 * h;
+        qid[h] = 0;
+        if constexpr (SEGMENTS) qid[h] = row < seq_q ? q_ids[(long long)b * seq_q + row] : 0;
+    }
+    const unsigned q_wg = sQ + wg * 64 * 128;  // this warpgroup's 64 rows inside each 64-column block of Q
+
+    auto tile_step = [&](int nb, int stage, auto masked_c) {
+        constexpr bool MASKED = decltype(masked_c)::value;
+        const unsigned k_st = sK + stage * KV_BYTES, v_st = sV + stage * KV_BYTES;
+
+        float s[NT * 4];
+#pragma unroll
+        for (int i = 0; i < NT * 4; ++i) s[i] = 0.f;
+        wgmma::fence();
+#pragma unroll
+        for (int kk = 0; kk < HEAD_DIM / 16; ++kk)
+            wgmma::mma_ss<T, BLOCK_N>(s, wgmma::desc_k_major(q_wg + (kk >> 2) * (BLOCK_M * 128) + (kk & 3) * 32),
+                                      wgmma::desc_k_major(k_st + (kk >> 2) * (BLOCK_N * 128) + (kk & 3) * 32));
+        wgmma::commit();
+        wgmma::wait<0>();
+
+        if constexpr (MASKED) {
+            const int n0 = nb * BLOCK_N;
+#pragma unroll
+            for (int nt = 0; nt < NT; ++nt)
+#pragma unroll
+                for (int e = 0; e < 4; ++e) {
+                    const int col = n0 + nt * 8 + 2 * t + (e & 1);
+                    bool ok = col < seq_kv;
+                    if constexpr (WINDOW) {
+                        const int at = m0 + warp_row + g + 8 * (e >> 1) + shift;
+                        ok = ok && col >= at - window_left && col <= at + window_right;
+                    }
+                    if constexpr (SEGMENTS) {
+                        ok = ok && __ldg(kv_ids + (long long)b * seq_kv + min(col, seq_kv - 1)) == qid[e >> 1];
+                    }
+                    if (!ok) s[nt * 4 + e] = neg_inf();
+                }
+        }
+
+#pragma unroll
+        for (int h = 0; h < 2; ++h) {
+            float mx = row_max[h];
+#pragma unroll
+            for (int nt = 0; nt < NT; ++nt) mx = fmaxf(mx, fmaxf(s[nt * 4 + 2 * h], s[nt * 4 + 2 * h + 1]));
+            mx = quad_max(mx);
+            const float base = (MASKED && mx == neg_inf()) ? 0.f : mx * scale_log2;
+            const float alpha = exp2_approx(row_max[h] * scale_log2 - base);
+            row_max[h] = mx;
+            float sum = 0.f;
+#pragma unroll
+            for (int nt = 0; nt < NT; ++nt) {
+                s[nt * 4 + 2 * h] = exp2_approx(fmaf(s[nt * 4 + 2 * h], scale_log2, -base));
+                s[nt * 4 + 2 * h + 1] = exp2_approx(fmaf(s[nt * 4 + 2 * h + 1], scale_log2, -base));
+                sum += s[nt * 4 + 2 * h] + s[nt * 4 + 2 * h + 1];
+            }
+            row_sum[h] = fmaf(row_sum[h], alpha, sum);
+#pragma unroll
+            for (int dt = 0; dt < DT; ++dt) {
+                o_acc[dt * 4 + 2 * h] *= alpha;
+                o_acc[dt * 4 + 2 * h + 1] *= alpha;
+            }
+        }
+
+        wgmma::fence();
+#pragma unroll
+        for (int kj = 0; kj < BLOCK_N / 16; ++kj) {
+            const unsigned a[4] = {pack2<T>(s[8 * kj + 0], s[8 * kj + 1]), pack2<T>(s[8 * kj + 2], s[8 * kj + 3]),
+                                   pack2<T>(s[8 * kj + 4], s[8 * kj + 5]), pack2<T>(s[8 * kj + 6], s[8 * kj + 7])};
+            wgmma::mma_rs_bt<T, HEAD_DIM>(o_acc, a, wgmma::desc_mn_major(v_st + kj * 16 * 128, BLOCK_N * 128));
+        }
+        wgmma::commit();
+        wgmma::wait<0>();
+    };
+
+    int nb = next_visible(nb_min);
+    int stage = 0;
+    while (nb < nb_max) {
+        cp_async_wait<STAGES - 2>();
+        wgmma::fence_proxy_async();  // cp.async wrote through the generic proxy; wgmma reads the async one
+        __syncthreads();             // tile nb landed for all; every warpgroup is done with the stage refilled next
+        if (load_nb < nb_max) {
+            load_kv(load_nb, load_stage);
+            load_nb = next_visible(load_nb + 1);
+        }
+        cp_async_commit();
+        load_stage = load_stage + 1 == STAGES ? 0 : load_stage + 1;
+
+        if (needs_mask(nb))
+            tile_step(nb, stage, Bool<true>{});
+        else
+            tile_step(nb, stage, Bool<false>{});
+        nb = next_visible(nb + 1);
+        stage = stage + 1 == STAGES ? 0 : stage + 1;
+    }
+    cp_async_wait<0>();
+    __syncthreads();  // all copies landed and all wgmma reads of Q are done: Q's space takes O
+
+    // ---- epilogue: O / l staged row-major (swizzled, common.cuh) in Q's space, then 16-byte stores; LSE
+    T* sO = reinterpret_cast<T*>(smem);
+    constexpr float LN2 = 0.6931471805599453f;
+    float* lse_row = lse + ((long long)b * heads + head) * seq_q;
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+        const float l = quad_sum(row_sum[h]);
+        const float inv = l > 0.f ? 1.f / l : 0.f;
+        const int r = warp_row + g + 8 * h;
+#pragma unroll
+        for (int dt = 0; dt < DT; ++dt)
+            *reinterpret_cast<unsigned*>(sO + swizzled<HEAD_DIM>(r, dt) + 2 * t) =
+                pack2<T>(o_acc[dt * 4 + 2 * h] * inv, o_acc[dt * 4 + 2 * h + 1] * inv);
+        if (t == 0 && m0 + r < seq_q)
+            lse_row[m0 + r] = l > 0.f ? (row_max[h] * scale_log2 + log2f(l)) * LN2 : neg_inf();
+    }
+    __syncwarp();
+#pragma unroll
+    for (int it = 0; it < 16 * CHUNKS / 32; ++it) {
+        const int i = it * 32 + lane;
+        const int r = i / CHUNKS, ch = i % CHUNKS;
+        const int grow = m0 + warp_row + r;
+        if (grow < seq_q) {
+            T* dst = o + (((long long)b * seq_q + grow) * heads + head) * HEAD_DIM + ch * 8;
+            *reinterpret_cast<uint4*>(dst) = *reinterpret_cast<const uint4*>(sO + swizzled<HEAD_DIM>(warp_row + r, ch));
+        }
+    }
+}
