@@ -1,5 +1,6 @@
 """``python -m attention.bench``: flash attention checked, then timed, side by side with torch SDPA (flash,
-cuDNN, memory-efficient) and the naive attention, scored against the GPU's expected table.
+cuDNN, memory-efficient) and the naive attention, scored against the GPU's expected table. ``--backward``
+times forward + backward (gradients checked against the fp32 reference), FLOPs counted as 3.5x the forward's.
 
 Thin by design: the options, the check-then-time loop, scoring and reports live in ``cukernels.cli``. This file
 says what the cases, inputs, reference and implementations are.
@@ -19,11 +20,17 @@ from cukernels import bench, checks, cli, compile, device, dtypes, tiling
 from . import suites
 from .api import KERNELS, flash_attention
 from .configs import plan_forward
+from .backward import KERNEL_SOURCE as BWD_SOURCE
+from .backward import flash_attention_backward
+from .bwd_configs import plan_backward
+from .backward_reference import attention_backward_reference
 from .reference import attention_reference
 
 SUITES = ("default", "seed004", "grug", "sweep", "quick", "ci")
 # expected-table rows (expected_results/*.toml [[attention]]) by suite case name
 _EXPECTED_KEY = {"seed004_b16_s2048_h16_d64": "seed004_a", "seed004_b32_s4096_h32_d128": "seed004_b"}
+FWD_BWD_FLOP_FACTOR = 3.5  # forward + backward = 1 + 2.5 forward FLOPs (five matmuls of the backward)
+BWD_TOL = {"fp16": checks.Tolerance(atol=2e-3, naive_factor=3.0), "bf16": checks.Tolerance(atol=1.6e-2, naive_factor=3.0)}
 _NAIVE_MAX_FLOPS = 5e12  # the naive fp32 attention runs at ~6 TFLOP/s (H200): ~1 s per call; skip larger cases
 
 
@@ -42,11 +49,13 @@ def _to_bench_case(c: suites.Case, args) -> bench.Case:
     name = key + ("_causal" if causal and key.startswith("seed004") else "")
     itemsize = 2
     io_bytes = itemsize * c.head_dim * (2 * c.batch * c.seq_q * c.heads + 2 * c.batch * c.n_seq_kv * c.n_kv_heads)
+    backward = bool(getattr(args, "backward", False))
     return bench.Case(name=name, params={**{f: getattr(c, f) for f in ("batch", "seq_q", "heads", "head_dim",
                                                                        "causal", "window", "segments")},
                                          "kv_heads": c.n_kv_heads, "seq_kv": c.n_seq_kv, "seq": c.seq_q,
-                                         "suite_case": c.name},
-                      tags=c.tags, flops=c.flops(), bytes=io_bytes, dtype=args.dtype)
+                                         "suite_case": c.name, "backward": backward},
+                      tags=c.tags, flops=c.flops() * (FWD_BWD_FLOP_FACTOR if backward else 1.0),
+                      bytes=io_bytes * (2.5 if backward else 1.0), dtype=args.dtype)
 
 
 def _problem(case: bench.Case):
@@ -68,7 +77,10 @@ def _make_inputs(case: bench.Case, seed: int) -> dict:
     k = dtypes.random((c.batch, c.n_seq_kv, c.n_kv_heads, c.head_dim), dt, seed=3 * seed + 1)
     v = dtypes.random((c.batch, c.n_seq_kv, c.n_kv_heads, c.head_dim), dt, seed=3 * seed + 2)
     ids = c.segment_ids(seed)
-    return {"q": q, "k": k, "v": v, "segment_ids": None if ids is None else cupy.asarray(ids)}
+    inputs = {"q": q, "k": k, "v": v, "segment_ids": None if ids is None else cupy.asarray(ids)}
+    if case.params["backward"]:
+        inputs["do"] = dtypes.random(q.shape, dt, seed=3 * seed + 7)
+    return inputs
 
 
 def _checked_batches(case: bench.Case) -> list[int]:
@@ -80,6 +92,10 @@ def _reference(case: bench.Case, inputs: dict):
     sel = _checked_batches(case)
     sub = {k: (None if v is None else v[sel]) for k, v in inputs.items()}
     kw = dict(causal=case.params["causal"], window=case.params["window"], segment_ids=sub["segment_ids"])
+    if case.params["backward"]:
+        grads = attention_backward_reference(sub["do"], sub["q"], sub["k"], sub["v"], **kw)
+        naive = attention_backward_reference(sub["do"], sub["q"], sub["k"], sub["v"], round_to=case.dtype, **kw)
+        return grads, naive
     ref = attention_reference(sub["q"], sub["k"], sub["v"], **kw)
     naive = attention_reference(sub["q"], sub["k"], sub["v"], round_to=case.dtype, **kw)
     return ref, naive
@@ -88,12 +104,16 @@ def _reference(case: bench.Case, inputs: dict):
 def _check(case: bench.Case, out, ref_pair) -> list[checks.CheckResult]:
     ref, naive = ref_pair
     sel = _checked_batches(case)
+    if case.params["backward"]:
+        return [checks.compare(g[sel], r, tol=BWD_TOL[case.dtype], naive=n, name=name)
+                for g, r, n, name in zip(out, ref, naive, ("dq", "dk", "dv"))]
     return [checks.compare(out[sel], ref, tol=checks.TOLERANCES[case.dtype], naive=naive, name="o")]
 
 
 def _poison_bytes(case: bench.Case) -> int:
     p = case.params
-    return 2 * p["batch"] * p["seq_q"] * p["heads"] * p["head_dim"] + (1 << 20)
+    out = 2 * p["batch"] * p["seq_q"] * p["heads"] * p["head_dim"] + (1 << 20)
+    return 4 * out if p["backward"] else out
 
 
 # ---------------------------------------------------------------- implementations
@@ -102,6 +122,13 @@ def _poison_bytes(case: bench.Case) -> int:
 def _ours(case: bench.Case, inputs: dict):
     kw = dict(causal=case.params["causal"], window=case.params["window"], segment_ids=inputs["segment_ids"])
     q, k, v = inputs["q"], inputs["k"], inputs["v"]
+    if case.params["backward"]:
+        do = inputs["do"]
+
+        def fwd_bwd():
+            o, lse = flash_attention(q, k, v, return_lse=True, **kw)
+            return flash_attention_backward(do, q, k, v, o, lse, **kw)
+        return fwd_bwd
     return lambda: flash_attention(q, k, v, **kw)
 
 
@@ -112,6 +139,8 @@ def _naive(case: bench.Case, inputs: dict):
 
 
 def _naive_supports(case: bench.Case) -> str | None:
+    if case.params["backward"]:
+        return "the naive attention is timed forward only"
     if case.flops > _NAIVE_MAX_FLOPS:
         return f"naive fp32 attention skipped above {_NAIVE_MAX_FLOPS:.1e} FLOP (this case: {case.flops:.1e})"
     return None
@@ -150,6 +179,19 @@ def _torch_sdpa(backend_name: str):
             tq, tk, tv = (t.view(torch.float16) for t in (tq, tk, tv))
         gqa = case.params["heads"] != case.params["kv_heads"]
         causal = case.params["causal"]
+        if case.params["backward"]:
+            tq, tk, tv = (t.detach().requires_grad_() for t in (tq, tk, tv))
+            tdo = dtypes.like_input(inputs["do"], True).transpose(1, 2)
+            if case.dtype == "fp16":
+                tdo = tdo.view(torch.float16)
+
+            def fwd_bwd():
+                with bench.torch_on_cupy_stream(), sdpa_kernel(backend):
+                    out = torch.nn.functional.scaled_dot_product_attention(tq, tk, tv, is_causal=causal,
+                                                                           enable_gqa=gqa)
+                    grads = torch.autograd.grad(out, (tq, tk, tv), tdo)
+                return tuple(g.transpose(1, 2) for g in grads)
+            return fwd_bwd
 
         def run():
             with bench.torch_on_cupy_stream(), sdpa_kernel(backend):
@@ -178,7 +220,17 @@ def _impls(args) -> list[bench.Impl]:
 
 
 def _plan(case: bench.Case, spec: device.DeviceSpec) -> tiling.Plan:
+    if case.params["backward"]:
+        return plan_backward(_problem(case).problem(case.dtype), spec)
     return plan_forward(_problem(case).problem(case.dtype), spec)
+
+
+def _variant(case: bench.Case, cfg) -> tuple:
+    """(kernel file, name expression) of the main kernel a plan launches."""
+    dt, mask = dtypes.from_name(case.dtype), _problem(case).problem().mask
+    if case.params["backward"]:
+        return BWD_SOURCE, cfg.name_expression(dtype=dt, mask=mask, dq=True)
+    return KERNELS / cfg.source, cfg.name_expression(dtype=dt, mask=mask)
 
 
 def _plan_rows(cases: list[bench.Case], spec: device.DeviceSpec, with_compile: bool) -> list[dict]:
@@ -196,9 +248,9 @@ def _plan_rows(cases: list[bench.Case], spec: device.DeviceSpec, with_compile: b
                     "CTAs": f"{math.ceil(case.params['seq_q'] / cfg.block_m) * case.params['heads'] * case.params['batch']:,}",
                     "why": plan.reason})
         if with_compile:
-            expr = cfg.name_expression(dtype=dtypes.from_name(case.dtype), mask=_problem(case).problem().mask)
+            source, expr = _variant(case, cfg)
             try:
-                res = compile.compile_offline(KERNELS / cfg.source, [expr], spec.arch)[expr]
+                res = compile.compile_offline(source, [expr], spec.arch)[expr]
                 row.update({"regs": res.registers, "spill B": res.spills, "stack B": res.stack_bytes})
             except compile.CompileError as exc:
                 row.update({"regs": "compile error", "spill B": str(exc).splitlines()[0]})
@@ -252,6 +304,8 @@ def _add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--causal", dest="causal", action="store_true", default=None,
                         help="force causal masking on every case (default: each case's own)")
     parser.add_argument("--no-causal", dest="causal", action="store_false", help="force non-causal")
+    parser.add_argument("--backward", action="store_true",
+                        help="time forward + backward (gradients checked; FLOPs = 3.5x the forward's)")
 
 
 OP = cli.OpBench(
@@ -270,6 +324,8 @@ OP = cli.OpBench(
     expected_fields={"ours": ("target_ms",), "torch-flash": ("torch_flash_ms", "reference_ms"),
                      "torch-cudnn": ("torch_cudnn_ms",), "torch-efficient": ("torch_efficient_ms",),
                      "naive": ("pytorch_native_ms",)},
+    # seed 004's and the anchors' rows are forward times: forward + backward rows have no expected value
+    expected_key=lambda case: None if case.params["backward"] else ("attention", case.name),
     reference_impl="torch-flash",
     add_arguments=_add_arguments,
     extra_output=_memory_table,
