@@ -158,6 +158,9 @@ def poison_pool(nbytes: int, byte: int = 0xFF) -> None:
     for integer outputs where -1 is legal pick another byte (0x7F gives 0x7F7F7F7F in int32)."""
     import cupy
 
+    # with other free blocks in the pool, a small allocation could be served from one of them instead of the
+    # poisoned chunk: return them to the device first, so the poisoned chunk is the only free memory
+    cupy.get_default_memory_pool().free_all_blocks()
     block = cupy.empty(int(nbytes), dtype=cupy.uint8)
     block.fill(byte)
     cupy.cuda.get_current_stream().synchronize()
