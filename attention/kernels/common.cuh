@@ -117,4 +117,62 @@ __device__ __forceinline__ void mma16816(float (&d)[4], const unsigned (&a)[4], 
     }
 }
 
+// ---------------------------------------------------------------- which KV tiles a query tile sees
+
+// For the query tile of rows [m0, m_last] (query i sits at kv position i + seq_kv - seq_q): the KV tiles
+// [nb_min, nb_max) that the causal/window bounds leave, `next_visible` skipping tiles whose segment-id range
+// (tile_id_range pre-pass) cannot meet the query tile's, and `needs_mask`: whether a tile needs element masks
+// (ragged end, window edges, mixed segments) or can take the mask-free path. Shared by the forward kernels and
+// the backward's dQ kernel, which all walk KV tiles for one query tile.
+template <int BLOCK_N, bool WINDOW, bool SEGMENTS>
+struct KvTileRange {
+    int nb_min, nb_max;
+    int m0, m_last, shift, seq_kv, window_left, window_right;
+    int2 q_range;
+    const int2* kv_ranges;  // [n_kv_tiles] of this batch element
+
+    __device__ __forceinline__ KvTileRange(int m0_, int m_last_, int seq_q, int seq_kv_, int window_left_,
+                                           int window_right_, const int2* q_tile_ids, const int2* kv_tile_ids,
+                                           int b, int m_block, int m_tiles)
+        : m0(m0_), m_last(m_last_), shift(seq_kv_ - seq_q), seq_kv(seq_kv_), window_left(window_left_),
+          window_right(window_right_), q_range(make_int2(0, 0)), kv_ranges(nullptr) {
+        int n_lo = 0, n_hi = seq_kv;
+        if constexpr (WINDOW) {
+            n_lo = max(0, m0 + shift - window_left);
+            n_hi = min(seq_kv, m_last + shift + window_right + 1);
+        }
+        nb_min = n_lo / BLOCK_N;
+        nb_max = n_hi > n_lo ? (n_hi + BLOCK_N - 1) / BLOCK_N : nb_min;
+        if constexpr (SEGMENTS) {
+            q_range = q_tile_ids[b * m_tiles + m_block];
+            kv_ranges = kv_tile_ids + b * ((seq_kv + BLOCK_N - 1) / BLOCK_N);
+        }
+    }
+
+    __device__ __forceinline__ int next_visible(int nb) const {
+        if constexpr (SEGMENTS) {
+            while (nb < nb_max) {
+                const int2 r = kv_ranges[nb];
+                if (r.x <= q_range.y && q_range.x <= r.y) break;
+                ++nb;
+            }
+        }
+        return nb;
+    }
+
+    __device__ __forceinline__ bool needs_mask(int nb) const {
+        const int n0 = nb * BLOCK_N;
+        bool mask = n0 + BLOCK_N > seq_kv;
+        if constexpr (WINDOW) {
+            mask |= n0 + BLOCK_N - 1 > m0 + shift + window_right;
+            mask |= n0 < m_last + shift - window_left;
+        }
+        if constexpr (SEGMENTS) {
+            const int2 r = kv_ranges[nb];
+            mask |= !(q_range.x == q_range.y && r.x == r.y && r.x == q_range.x);
+        }
+        return mask;
+    }
+};
+
 }  // namespace attn

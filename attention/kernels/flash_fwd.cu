@@ -87,40 +87,11 @@ flash_fwd(const T* __restrict__ q, const T* __restrict__ k, const T* __restrict_
     const T* vb = v + b * v_sb + (head / kv_group) * v_sh;
 
     // ---- the KV tiles this query tile can see
-    int n_lo = 0, n_hi = seq_kv;
-    if constexpr (WINDOW) {
-        n_lo = max(0, m0 + shift - window_left);
-        n_hi = min(seq_kv, m_last + shift + window_right + 1);
-    }
-    const int nb_min = n_lo / BLOCK_N;
-    const int nb_max = n_hi > n_lo ? (n_hi + BLOCK_N - 1) / BLOCK_N : nb_min;
-    const int n_kv_tiles = (seq_kv + BLOCK_N - 1) / BLOCK_N;
-
-    int2 q_range = make_int2(0, 0);
-    if constexpr (SEGMENTS) q_range = q_tile_ids[b * gridDim.x + m_block];
-    auto next_visible = [&](int nb) {
-        if constexpr (SEGMENTS) {
-            while (nb < nb_max) {
-                const int2 r = kv_tile_ids[b * n_kv_tiles + nb];
-                if (r.x <= q_range.y && q_range.x <= r.y) break;
-                ++nb;
-            }
-        }
-        return nb;
-    };
-    auto needs_mask = [&](int nb) {
-        const int n0 = nb * BLOCK_N;
-        bool mask = n0 + BLOCK_N > seq_kv;
-        if constexpr (WINDOW) {
-            mask |= n0 + BLOCK_N - 1 > m0 + shift + window_right;
-            mask |= n0 < m_last + shift - window_left;
-        }
-        if constexpr (SEGMENTS) {
-            const int2 r = kv_tile_ids[b * n_kv_tiles + nb];
-            mask |= !(q_range.x == q_range.y && r.x == r.y && r.x == q_range.x);
-        }
-        return mask;
-    };
+    const KvTileRange<BLOCK_N, WINDOW, SEGMENTS> tiles(m0, m_last, seq_q, seq_kv, window_left, window_right, q_tile_ids,
+                                                       kv_tile_ids, b, m_block, gridDim.x);
+    const int nb_min = tiles.nb_min, nb_max = tiles.nb_max;
+    auto next_visible = [&](int nb) { return tiles.next_visible(nb); };
+    auto needs_mask = [&](int nb) { return tiles.needs_mask(nb); };
 
     // ---- copies (global -> swizzled shared), rows past the end zero-filled
     auto load_rows = [&](T* dst, const T* src, long long stride, int row0, int rows_valid, auto rows_c) {
