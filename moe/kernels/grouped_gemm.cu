@@ -77,47 +77,6 @@ __device__ __forceinline__ bool find_work_item(int tile, const int* __restrict__
     return true;
 }
 
-// cp.async of one pipeline stage: the BM x BK tile of a (rows row0.. of the group, zero past rows_here) and the
-// BN x BK tile of b[e] (rows n0.., zero past N), k tile kt, into XOR-swizzled shared memory (mma.cuh; with BK = 64
-// the same bytes are wgmma's 128-byte-swizzle layout). Thread t copies 16-byte chunk t % (BK / 8) of rows
-// t / (BK / 8) + j * RSTEP.
-template <typename T, int BM, int BN, int BK, int THREADS>
-struct StageLoader {
-    static constexpr int CH = BK / 8, RSTEP = THREADS / CH;
-    static_assert(BM % RSTEP == 0 && BN % RSTEP == 0, "tile rows must be a multiple of the rows per pass");
-    const T* a;
-    const T* b;
-    const T* a_src;
-    const T* b_src;
-    size_t step;
-    int c, r0, rows_here, n0, N, K;
-
-    __device__ __forceinline__ StageLoader(const T* a_, const T* b_, int row0, int rows_here_, int e, int n0_, int N_,
-                                           int K_)
-        : a(a_), b(b_), step((size_t)RSTEP * K_), c(threadIdx.x % CH), r0(threadIdx.x / CH), rows_here(rows_here_),
-          n0(n0_), N(N_), K(K_) {
-        a_src = a + (size_t)(row0 + r0) * K + c * 8;
-        b_src = b + ((size_t)e * N + n0 + r0) * K + c * 8;
-    }
-
-    __device__ __forceinline__ void load(unsigned stage_addr, int kt) const {
-        const bool k_ok = kt * BK + c * 8 < K;
-        const unsigned sb = stage_addr + BM * BK * 2;
-#pragma unroll
-        for (int j = 0; j < BM / RSTEP; ++j) {
-            const bool ok = k_ok && r0 + j * RSTEP < rows_here;
-            mma::cp_async_16(stage_addr + mma::swizzle<BK>(r0 + j * RSTEP, c), ok ? a_src + j * step + kt * BK : a,
-                             ok ? 16 : 0);
-        }
-#pragma unroll
-        for (int j = 0; j < BN / RSTEP; ++j) {
-            const bool ok = k_ok && n0 + r0 + j * RSTEP < N;
-            mma::cp_async_16(sb + mma::swizzle<BK>(r0 + j * RSTEP, c), ok ? b_src + j * step + kt * BK : b,
-                             ok ? 16 : 0);
-        }
-    }
-};
-
 // Epilogue: accumulator fragments in the m16n8 C layout (rows wm * WM + i * 16 + lane / 4 (+ 8), columns
 // wn * WN + j * 8 + 2 * (lane % 4) (+ 1)) -> activation, row scale, conversion -> out. Low-precision outputs are
 // staged through shared memory (the pipeline buffers, free by now) and written with 16-byte stores; fp32 outputs
@@ -192,8 +151,12 @@ moe_grouped_gemm(const T* __restrict__ a, const T* __restrict__ b, TO* __restric
     constexpr int THREADS = WARPS_M * WARPS_N * 32;
     constexpr int WM = BM / WARPS_M, WN = BN / WARPS_N;
     constexpr int MI = WM / 16, NI = WN / 8;
+    constexpr int CH = BK / 8;  // 16-byte chunks per tile row
     constexpr int A_BYTES = BM * BK * 2, STAGE_BYTES = (BM + BN) * BK * 2;
+    constexpr int RSTEP = THREADS / CH;  // tile rows covered by one pass of all threads
+    constexpr int A_ITERS = BM / RSTEP, B_ITERS = BN / RSTEP;
     static_assert(WM % 16 == 0 && WN % 16 == 0, "warp tile must be a multiple of 16 x 16");
+    static_assert(BM % RSTEP == 0 && BN % RSTEP == 0, "tile rows must be a multiple of the rows per pass");
     constexpr int BN_OUT = EPI == EPI_SWIGLU ? BN / 2 : BN;
     constexpr int C_STRIDE = BN_OUT + 8;  // elements; +16 bytes per row spreads the fragment stores over banks
     static_assert(BM * C_STRIDE * 2 <= STAGES * STAGE_BYTES, "epilogue staging must fit in the pipeline buffers");
@@ -213,9 +176,27 @@ moe_grouped_gemm(const T* __restrict__ a, const T* __restrict__ b, TO* __restric
     const int n0 = n_tile * BN;
     const int k_tiles = (K + BK - 1) / BK;
 
+    // ---- this thread's cp.async sources: chunk c of rows r0, r0 + RSTEP, ...
+    const int c = tid % CH, r0 = tid / CH;
+    const T* a_src = a + (size_t)(row0 + r0) * K + c * 8;
+    const T* b_src = b + ((size_t)e * N + n0 + r0) * K + c * 8;
+    const size_t step = (size_t)RSTEP * K;
     const unsigned smem0 = mma::smem_addr(smem);
-    const StageLoader<T, BM, BN, BK, THREADS> loader(a, b, row0, rows_here, e, n0, N, K);
-    auto load_stage = [&](int slot, int kt) { loader.load(smem0 + slot * STAGE_BYTES, kt); };
+
+    auto load_stage = [&](int slot, int kt) {
+        const bool k_ok = kt * BK + c * 8 < K;
+        const unsigned sa = smem0 + slot * STAGE_BYTES, sb = sa + A_BYTES;
+#pragma unroll
+        for (int j = 0; j < A_ITERS; ++j) {
+            const bool ok = k_ok && r0 + j * RSTEP < rows_here;
+            mma::cp_async_16(sa + mma::swizzle<BK>(r0 + j * RSTEP, c), ok ? a_src + j * step + kt * BK : a, ok ? 16 : 0);
+        }
+#pragma unroll
+        for (int j = 0; j < B_ITERS; ++j) {
+            const bool ok = k_ok && n0 + r0 + j * RSTEP < N;
+            mma::cp_async_16(sb + mma::swizzle<BK>(r0 + j * RSTEP, c), ok ? b_src + j * step + kt * BK : b, ok ? 16 : 0);
+        }
+    };
 
     float acc[MI][NI][4];
 #pragma unroll
@@ -293,7 +274,10 @@ moe_grouped_gemm_wgmma(const T* __restrict__ a, const T* __restrict__ b, TO* __r
                        const int* __restrict__ offsets, const float* __restrict__ row_scale, int experts, int N, int K) {
     constexpr int BN = 256, BK = 64;
     constexpr int THREADS = BM * 2;  // one warpgroup (128 threads) per 64 rows
+    constexpr int CH = BK / 8;
     constexpr int A_BYTES = BM * BK * 2, STAGE_BYTES = (BM + BN) * BK * 2;
+    constexpr int RSTEP = THREADS / CH;
+    constexpr int A_ITERS = BM / RSTEP, B_ITERS = BN / RSTEP;
     static_assert(BM == 64 || BM == 128, "one or two consumer warpgroups");
     static_assert(A_BYTES % 1024 == 0 && STAGE_BYTES % 1024 == 0, "stages and operands must stay 1024-aligned");
     static_assert(BM * (BN + 8) * 2 <= STAGES * STAGE_BYTES, "epilogue staging must fit in the pipeline buffers");
@@ -313,9 +297,26 @@ moe_grouped_gemm_wgmma(const T* __restrict__ a, const T* __restrict__ b, TO* __r
     const int n0 = n_tile * BN;
     const int k_tiles = (K + BK - 1) / BK;
 
+    const int c = tid % CH, r0 = tid / CH;
+    const T* a_src = a + (size_t)(row0 + r0) * K + c * 8;
+    const T* b_src = b + ((size_t)e * N + n0 + r0) * K + c * 8;
+    const size_t step = (size_t)RSTEP * K;
     const unsigned smem0 = mma::smem_addr(smem);
-    const StageLoader<T, BM, BN, BK, THREADS> loader(a, b, row0, rows_here, e, n0, N, K);
-    auto load_stage = [&](int slot, int kt) { loader.load(smem0 + slot * STAGE_BYTES, kt); };
+
+    auto load_stage = [&](int slot, int kt) {
+        const bool k_ok = kt * BK + c * 8 < K;
+        const unsigned sa = smem0 + slot * STAGE_BYTES, sb = sa + A_BYTES;
+#pragma unroll
+        for (int j = 0; j < A_ITERS; ++j) {
+            const bool ok = k_ok && r0 + j * RSTEP < rows_here;
+            mma::cp_async_16(sa + mma::swizzle<BK>(r0 + j * RSTEP, c), ok ? a_src + j * step + kt * BK : a, ok ? 16 : 0);
+        }
+#pragma unroll
+        for (int j = 0; j < B_ITERS; ++j) {
+            const bool ok = k_ok && n0 + r0 + j * RSTEP < N;
+            mma::cp_async_16(sb + mma::swizzle<BK>(r0 + j * RSTEP, c), ok ? b_src + j * step + kt * BK : b, ok ? 16 : 0);
+        }
+    };
 
     float acc[1][32][4];
     float(&d)[128] = reinterpret_cast<float(&)[128]>(acc);
