@@ -117,6 +117,65 @@ __device__ __forceinline__ void mma16816(float (&d)[4], const unsigned (&a)[4], 
     }
 }
 
+// ---------------------------------------------------------------- one S tile: masks and online softmax
+
+// S accumulators of one warp's 16-row slice in the m16n8 C layout: acc[nt][e] is row g + 8 (e / 2), column
+// 8 nt + 2 t + e % 2 of the tile (g = lane / 4, t = lane % 4), as both mma.sync and wgmma leave them.
+
+// Element masks: columns past seq_kv, outside the window [at - left, at + right] (at = kv position of the row),
+// or of another segment become -inf. q_at: kv position of row g; qid: the segment ids of rows g and g + 8.
+template <int NT, bool WINDOW, bool SEGMENTS>
+__device__ __forceinline__ void mask_scores(float (&acc)[NT][4], int n0, int q_at, int seq_kv, int window_left,
+                                            int window_right, const int* __restrict__ kv_ids, const int (&qid)[2],
+                                            int t) {
+#pragma unroll
+    for (int nt = 0; nt < NT; ++nt)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) {
+            const int col = n0 + nt * 8 + 2 * t + (e & 1);
+            bool ok = col < seq_kv;
+            if constexpr (WINDOW) {
+                const int at = q_at + 8 * (e >> 1);
+                ok = ok && col >= at - window_left && col <= at + window_right;
+            }
+            if constexpr (SEGMENTS) ok = ok && __ldg(kv_ids + min(col, seq_kv - 1)) == qid[e >> 1];
+            if (!ok) acc[nt][e] = neg_inf();
+        }
+}
+
+// Online softmax of rows g and g + 8: the running max stays in raw score units, the exponentials are taken in
+// log2 units with the scale folded in (p = 2^(s * scale_log2 - max * scale_log2)), written over S in place; the
+// O accumulators are rescaled by 2^((old max - new max) * scale_log2); row sums stay thread-partial (the quad
+// reduction happens once, at the end). A row with nothing visible yet keeps max -inf and subtracts 0 instead,
+// so exp2 gives 0, not NaN.
+template <int NT, int DT, bool MASKED>
+__device__ __forceinline__ void online_softmax(float (&s)[NT][4], float (&o)[DT][4], float (&row_max)[2],
+                                               float (&row_sum)[2], float scale_log2) {
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+        float mx = row_max[h];
+#pragma unroll
+        for (int nt = 0; nt < NT; ++nt) mx = fmaxf(mx, fmaxf(s[nt][2 * h], s[nt][2 * h + 1]));
+        mx = quad_max(mx);
+        const float base = (MASKED && mx == neg_inf()) ? 0.f : mx * scale_log2;
+        const float alpha = exp2_approx(row_max[h] * scale_log2 - base);
+        row_max[h] = mx;
+        float sum = 0.f;
+#pragma unroll
+        for (int nt = 0; nt < NT; ++nt) {
+            s[nt][2 * h] = exp2_approx(fmaf(s[nt][2 * h], scale_log2, -base));
+            s[nt][2 * h + 1] = exp2_approx(fmaf(s[nt][2 * h + 1], scale_log2, -base));
+            sum += s[nt][2 * h] + s[nt][2 * h + 1];
+        }
+        row_sum[h] = fmaf(row_sum[h], alpha, sum);
+#pragma unroll
+        for (int dt = 0; dt < DT; ++dt) {
+            o[dt][2 * h] *= alpha;
+            o[dt][2 * h + 1] *= alpha;
+        }
+    }
+}
+
 // ---------------------------------------------------------------- which KV tiles a query tile sees
 
 // For the query tile of rows [m0, m_last] (query i sits at kv position i + seq_kv - seq_q): the KV tiles

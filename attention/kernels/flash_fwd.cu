@@ -209,55 +209,15 @@ flash_fwd(const T* __restrict__ q, const T* __restrict__ k, const T* __restrict_
         }
 
         if constexpr (MASKED) {
-            const int n0 = nb * BLOCK_N;
 #pragma unroll
             for (int mi = 0; mi < MW; ++mi)
-#pragma unroll
-                for (int nt = 0; nt < NT; ++nt)
-#pragma unroll
-                    for (int e = 0; e < 4; ++e) {
-                        const int col = n0 + nt * 8 + 2 * t + (e & 1);
-                        bool ok = col < seq_kv;
-                        if constexpr (WINDOW) {
-                            const int at = m0 + warp_row + mi * 16 + g + 8 * (e >> 1) + shift;
-                            ok = ok && col >= at - window_left && col <= at + window_right;
-                        }
-                        if constexpr (SEGMENTS) {
-                            ok = ok && __ldg(kv_ids + (long long)b * seq_kv + min(col, seq_kv - 1)) == qid[mi][e >> 1];
-                        }
-                        if (!ok) s[mi][nt][e] = neg_inf();
-                    }
+                mask_scores<NT, WINDOW, SEGMENTS>(s[mi], nb * BLOCK_N, m0 + warp_row + mi * 16 + g + shift, seq_kv,
+                                                  window_left, window_right, kv_ids + (long long)b * seq_kv, qid[mi], t);
         }
 
-        // online softmax: running max in raw score units, exponentials in log2 units with the scale folded in
 #pragma unroll
-        for (int mi = 0; mi < MW; ++mi) {
-#pragma unroll
-            for (int h = 0; h < 2; ++h) {
-                float mx = row_max[mi][h];
-#pragma unroll
-                for (int nt = 0; nt < NT; ++nt) mx = fmaxf(mx, fmaxf(s[mi][nt][2 * h], s[mi][nt][2 * h + 1]));
-                mx = quad_max(mx);
-                // a row with nothing visible yet keeps max -inf: subtract 0 instead so that exp2 gives 0, not NaN
-                const float base = (MASKED && mx == neg_inf()) ? 0.f : mx * scale_log2;
-                const float alpha = exp2_approx(row_max[mi][h] * scale_log2 - base);
-                row_max[mi][h] = mx;
-                float sum = 0.f;
-#pragma unroll
-                for (int nt = 0; nt < NT; ++nt) {
-                    s[mi][nt][2 * h] = exp2_approx(fmaf(s[mi][nt][2 * h], scale_log2, -base));
-                    s[mi][nt][2 * h + 1] = exp2_approx(fmaf(s[mi][nt][2 * h + 1], scale_log2, -base));
-                    sum += s[mi][nt][2 * h] + s[mi][nt][2 * h + 1];
-                }
-                // thread-partial sums; the quad reduction happens once at the end
-                row_sum[mi][h] = fmaf(row_sum[mi][h], alpha, sum);
-#pragma unroll
-                for (int dt = 0; dt < DT; ++dt) {
-                    o_acc[mi][dt][2 * h] *= alpha;
-                    o_acc[mi][dt][2 * h + 1] *= alpha;
-                }
-            }
-        }
+        for (int mi = 0; mi < MW; ++mi)
+            online_softmax<NT, DT, MASKED>(s[mi], o_acc[mi], row_max[mi], row_sum[mi], scale_log2);
 
         // O += P V: the S accumulators of column tiles 2j, 2j+1 are exactly the A fragment of k-step j
 #pragma unroll

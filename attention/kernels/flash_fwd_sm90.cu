@@ -102,11 +102,12 @@ flash_fwd_wgmma(const T* __restrict__ q, const T* __restrict__ k, const T* __res
 
     // ---- softmax state for rows g and g + 8 of this warp's 16 (CTA rows 16 warp + g (+ 8))
     const int warp_row = warp * 16;
-    float o_acc[DT * 4];
+    float o_acc[DT][4];
+    float(&o_flat)[DT * 4] = reinterpret_cast<float(&)[DT * 4]>(o_acc);  // the wgmma operand view
     float row_max[2], row_sum[2];
     int qid[2];
 #pragma unroll
-    for (int i = 0; i < DT * 4; ++i) o_acc[i] = 0.f;
+    for (int i = 0; i < DT * 4; ++i) o_flat[i] = 0.f;
 #pragma unroll
     for (int h = 0; h < 2; ++h) {
         row_max[h] = neg_inf();
@@ -121,66 +122,30 @@ flash_fwd_wgmma(const T* __restrict__ q, const T* __restrict__ k, const T* __res
         constexpr bool MASKED = decltype(masked_c)::value;
         const unsigned k_st = sK + stage * KV_BYTES, v_st = sV + stage * KV_BYTES;
 
-        float s[NT * 4];
+        float s[NT][4];
+        float(&s_flat)[NT * 4] = reinterpret_cast<float(&)[NT * 4]>(s);
 #pragma unroll
-        for (int i = 0; i < NT * 4; ++i) s[i] = 0.f;
+        for (int i = 0; i < NT * 4; ++i) s_flat[i] = 0.f;
         wgmma::fence();
 #pragma unroll
         for (int kk = 0; kk < HEAD_DIM / 16; ++kk)
-            wgmma::mma_ss<T, BLOCK_N>(s, wgmma::desc_k_major(q_wg + (kk >> 2) * (BLOCK_M * 128) + (kk & 3) * 32),
+            wgmma::mma_ss<T, BLOCK_N>(s_flat, wgmma::desc_k_major(q_wg + (kk >> 2) * (BLOCK_M * 128) + (kk & 3) * 32),
                                       wgmma::desc_k_major(k_st + (kk >> 2) * (BLOCK_N * 128) + (kk & 3) * 32));
         wgmma::commit();
         wgmma::wait<0>();
 
-        if constexpr (MASKED) {
-            const int n0 = nb * BLOCK_N;
-#pragma unroll
-            for (int nt = 0; nt < NT; ++nt)
-#pragma unroll
-                for (int e = 0; e < 4; ++e) {
-                    const int col = n0 + nt * 8 + 2 * t + (e & 1);
-                    bool ok = col < seq_kv;
-                    if constexpr (WINDOW) {
-                        const int at = m0 + warp_row + g + 8 * (e >> 1) + shift;
-                        ok = ok && col >= at - window_left && col <= at + window_right;
-                    }
-                    if constexpr (SEGMENTS) {
-                        ok = ok && __ldg(kv_ids + (long long)b * seq_kv + min(col, seq_kv - 1)) == qid[e >> 1];
-                    }
-                    if (!ok) s[nt * 4 + e] = neg_inf();
-                }
-        }
-
-#pragma unroll
-        for (int h = 0; h < 2; ++h) {
-            float mx = row_max[h];
-#pragma unroll
-            for (int nt = 0; nt < NT; ++nt) mx = fmaxf(mx, fmaxf(s[nt * 4 + 2 * h], s[nt * 4 + 2 * h + 1]));
-            mx = quad_max(mx);
-            const float base = (MASKED && mx == neg_inf()) ? 0.f : mx * scale_log2;
-            const float alpha = exp2_approx(row_max[h] * scale_log2 - base);
-            row_max[h] = mx;
-            float sum = 0.f;
-#pragma unroll
-            for (int nt = 0; nt < NT; ++nt) {
-                s[nt * 4 + 2 * h] = exp2_approx(fmaf(s[nt * 4 + 2 * h], scale_log2, -base));
-                s[nt * 4 + 2 * h + 1] = exp2_approx(fmaf(s[nt * 4 + 2 * h + 1], scale_log2, -base));
-                sum += s[nt * 4 + 2 * h] + s[nt * 4 + 2 * h + 1];
-            }
-            row_sum[h] = fmaf(row_sum[h], alpha, sum);
-#pragma unroll
-            for (int dt = 0; dt < DT; ++dt) {
-                o_acc[dt * 4 + 2 * h] *= alpha;
-                o_acc[dt * 4 + 2 * h + 1] *= alpha;
-            }
-        }
+        if constexpr (MASKED)
+            mask_scores<NT, WINDOW, SEGMENTS>(s, nb * BLOCK_N, m0 + warp_row + g + shift, seq_kv, window_left,
+                                              window_right, kv_ids + (long long)b * seq_kv, qid, t);
+        online_softmax<NT, DT, MASKED>(s, o_acc, row_max, row_sum, scale_log2);
 
         wgmma::fence();
 #pragma unroll
         for (int kj = 0; kj < BLOCK_N / 16; ++kj) {
-            const unsigned a[4] = {pack2<T>(s[8 * kj + 0], s[8 * kj + 1]), pack2<T>(s[8 * kj + 2], s[8 * kj + 3]),
-                                   pack2<T>(s[8 * kj + 4], s[8 * kj + 5]), pack2<T>(s[8 * kj + 6], s[8 * kj + 7])};
-            wgmma::mma_rs_bt<T, HEAD_DIM>(o_acc, a, wgmma::desc_mn_major(v_st + kj * 16 * 128, BLOCK_N * 128));
+            const unsigned a[4] = {pack2<T>(s[2 * kj][0], s[2 * kj][1]), pack2<T>(s[2 * kj][2], s[2 * kj][3]),
+                                   pack2<T>(s[2 * kj + 1][0], s[2 * kj + 1][1]),
+                                   pack2<T>(s[2 * kj + 1][2], s[2 * kj + 1][3])};
+            wgmma::mma_rs_bt<T, HEAD_DIM>(o_flat, a, wgmma::desc_mn_major(v_st + kj * 16 * 128, BLOCK_N * 128));
         }
         wgmma::commit();
         wgmma::wait<0>();
@@ -221,7 +186,7 @@ flash_fwd_wgmma(const T* __restrict__ q, const T* __restrict__ k, const T* __res
 #pragma unroll
         for (int dt = 0; dt < DT; ++dt)
             *reinterpret_cast<unsigned*>(sO + swizzled<HEAD_DIM>(r, dt) + 2 * t) =
-                pack2<T>(o_acc[dt * 4 + 2 * h] * inv, o_acc[dt * 4 + 2 * h + 1] * inv);
+                pack2<T>(o_acc[dt][2 * h] * inv, o_acc[dt][2 * h + 1] * inv);
         if (t == 0 && m0 + r < seq_q)
             lse_row[m0 + r] = l > 0.f ? (row_max[h] * scale_log2 + log2f(l)) * LN2 : neg_inf();
     }
