@@ -1,10 +1,14 @@
 """The bench loop shared by ``attention.bench`` and ``moe.bench``: check, then time, then check again.
 
 An op supplies its cases (from its suites registry), fresh random inputs, an fp32 reference and a check; each
-implementation supplies a callable that launches the work and returns the output. For every case and
-implementation the loop checks the output against the reference (on poisoned memory), times it with the one
-timer only if the check passed, rechecks the output of the timed runs, and records peak device memory. A result
+implementation supplies a callable that launches the work and returns the output. For every case the loop
+checks every implementation's output against the reference (on poisoned memory), then times the ones that
+passed with the one timer, rechecks the output of the timed runs, and records peak device memory. A result
 with a failed check is reported as failed, never as fast.
+
+Within a case every implementation is timed the same way: device time with the stream held (timing.py) when
+all of them enqueue without waiting for the device, otherwise all of them unheld (host time included), so a
+baseline that synchronises is never set against our device time alone. ``Result.clocks["held"]`` records it.
 """
 from __future__ import annotations
 
@@ -167,6 +171,7 @@ def run(
         cupy.get_default_memory_pool().free_all_blocks()  # the last case's buffers go back (torch needs room too)
         inputs = op.make_inputs(case, seed + ci)
         reference = op.reference(case, inputs)
+        ready = []  # (base, impl, fn, checks, plan) of the implementations whose first output passed
         for ii, impl in enumerate(impls):
             done = ci * len(impls) + ii
             _progress(f"[{done + 1}/{total} {time.perf_counter() - t0:.0f}s] {case.name} / {impl.name}", progress)
@@ -177,17 +182,33 @@ def run(
                 results.append(Result(**base, status="skipped", reason=why))
                 continue
             try:
-                results.append(_measure(op, case, impl, inputs, reference, base, spec, budget_ms,
-                                        rel_noise_target, plan_of))
+                outcome = _check_first(op, case, impl, inputs, reference, base, plan_of)
             except Exception as exc:  # reported, never hidden: the table shows the error
-                last = traceback.format_exception_only(type(exc), exc)[-1].strip()
-                results.append(Result(**base, status="error", reason=last[:300]))
+                outcome = _error(base, exc)
+            if isinstance(outcome, Result):
+                results.append(outcome)
+            else:
+                ready.append(outcome)
+        hold = all(_timing.can_hold(fn) for _, _, fn, _, _ in ready)
+        for base, impl, fn, checks, plan in ready:
+            _progress(f"[{time.perf_counter() - t0:.0f}s] timing {case.name} / {impl.name}", progress)
+            try:
+                results.append(_time(op, case, fn, reference, base, checks, plan, spec, budget_ms,
+                                     rel_noise_target, hold))
+            except Exception as exc:
+                results.append(_error(base, exc))
     _progress("", progress)
     _rank(results)
     return results
 
 
-def _measure(op, case, impl, inputs, reference, base, spec, budget_ms, rel_noise_target, plan_of) -> Result:
+def _error(base: dict, exc: Exception) -> Result:
+    last = traceback.format_exception_only(type(exc), exc)[-1].strip()
+    return Result(**base, status="error", reason=last[:300])
+
+
+def _check_first(op, case, impl, inputs, reference, base, plan_of):
+    """The implementation's first output against the reference: a failed-check Result, or what timing needs."""
     fn = impl.prepare(case, inputs)
     _checks.poison_pool(op.poison_bytes(case))
     first = op.check(case, fn(), reference)
@@ -196,9 +217,13 @@ def _measure(op, case, impl, inputs, reference, base, spec, budget_ms, rel_noise
     if not all(c.passed for c in first):
         bad = "; ".join(str(c) for c in first if not c.passed)
         return Result(**base, status="failed-check", reason=bad[:300], checks=checks, plan=plan)
-    t = _timing.benchmark(fn, budget_ms=budget_ms, rel_noise_target=rel_noise_target)
+    return base, impl, fn, checks, plan
+
+
+def _time(op, case, fn, reference, base, checks, plan, spec, budget_ms, rel_noise_target, hold) -> Result:
+    t = _timing.benchmark(fn, budget_ms=budget_ms, rel_noise_target=rel_noise_target, hold=hold)
     again = op.check(case, fn(), reference)  # the timed runs must still be right
-    checks += [dict(dataclasses.asdict(c), name=c.name + " (after timing)") for c in again]
+    checks = checks + [dict(dataclasses.asdict(c), name=c.name + " (after timing)") for c in again]
     status, reason = "ok", ""
     if not all(c.passed for c in again):
         status, reason = "failed-check", "after timing: " + "; ".join(str(c) for c in again if not c.passed)

@@ -32,6 +32,8 @@ def rows(results: Sequence[Result]) -> list[dict]:
     for r in results:
         if r.ok:
             timing = f"{r.median_ms:.4f} ±{100 * r.rel_noise:.1f}%" + (" THROTTLED" if r.throttled else "")
+            if r.clocks.get("held") is False:
+                timing += " host-incl"  # an implementation of this case synchronises: all timed with host time
         else:
             timing = f"{r.status}: {r.reason[:80]}"
         out.append({
@@ -170,6 +172,10 @@ def markdown(results: Sequence[Result], scores: Sequence[dict], env: dict, path:
                 lines.append(f"![{png.stem}]({rel})")
             lines.append("")
     lines += ["## Noise and throttling", ""]
+    unheld = sorted({r.case for r in ok if r.clocks.get("held") is False})
+    lines.append("- Times are device time (the stream is held until the work is enqueued) except in cases where an "
+                 "implementation synchronises the host; there every implementation includes host time "
+                 f"(\"host-incl\"): {', '.join(unheld) or 'none'}.")
     lines.append(f"- Relative noise (half the p20–p80 spread over the median): median over rows "
                  f"{100 * _median([r.rel_noise or 0 for r in ok]):.1f}%; {len(noisy)} rows above 2%.")
     if clocks:

@@ -3,6 +3,13 @@
 CUDA events around the work only; a warm-up first (module load, compilation, allocator warm-up stay out);
 the L2 cache flushed between samples by a memset of twice the device's L2 size, outside the timed region;
 the median with its p20–p80 spread; stop when the relative noise is under target or the time budget is spent.
+
+Device time, not host time: before each sample a tiny kernel holds the stream until the host has enqueued
+the work and both events (kernels/block_stream.cu), so a call whose host side (Python, allocations, launches)
+is slower than its kernels is measured by its kernels, the same in every run, instead of by a race between the
+host and the end of the L2 flush. Work that synchronises the host itself cannot be held back that way; the
+timer notices (the holding kernel times out), drops those samples and times without holding
+(``clocks["held"]`` says which).
 NVML clock and throttle-reason samples taken during the run are attached to the result, so a throttled
 measurement is visible as such.
 
@@ -12,7 +19,9 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import itertools
 import time
+from pathlib import Path
 from typing import Callable
 
 import numpy as np
@@ -76,6 +85,59 @@ def flush_l2() -> None:
     buf.fill(0)
 
 
+_SOURCE = Path(__file__).parent / "kernels" / "block_stream.cu"
+_HOLD_TIMEOUT_NS = 20_000_000  # 20 ms: far longer than any host enqueue, short enough to give up quickly
+
+
+_tickets = itertools.count(1)
+
+
+@functools.cache
+def _hold_state(device_id: int):
+    """Two ints of mapped, pinned host memory: [last ticket released, timed out]; the same address works on the
+    device (unified addressing)."""
+    import ctypes
+
+    import cupy
+
+    ptr = cupy.cuda.runtime.hostAlloc(8, cupy.cuda.runtime.hostAllocMapped)
+    state = (ctypes.c_int * 2).from_address(ptr)
+    state[0] = state[1] = 0
+    return ptr, state
+
+
+def _hold(device_id: int):
+    """Enqueue a holding kernel with a fresh ticket; returns the function that releases it."""
+    from . import compile as _compile
+
+    ptr, state = _hold_state(device_id)
+    ticket = next(_tickets) % (2**31 - 1) or 1
+    if ticket == 1:
+        state[0] = 0  # wrapped (after 2^31 samples): every earlier holding kernel has long been released
+    kern = _compile.kernel(_SOURCE, "block_stream")
+    kern.launch((1,), (1,), (np.uintp(ptr), np.int32(ticket), np.uint64(_HOLD_TIMEOUT_NS)))
+
+    def release():
+        state[0] = ticket
+
+    return release
+
+
+def can_hold(fn: Callable[[], object]) -> bool:
+    """Can ``fn`` be timed with the stream held, i.e. does it enqueue its work without waiting for the device?
+    One probe call: a call that synchronises makes the holding kernel time out."""
+    import cupy
+
+    dev_id = cupy.cuda.Device().id
+    _, state = _hold_state(dev_id)
+    state[1] = 0
+    release = _hold(dev_id)
+    fn()
+    release()
+    cupy.cuda.get_current_stream().synchronize()
+    return state[1] == 0
+
+
 def _clock_summary(readings: list[dict]) -> dict:
     clocks = [r["sm_clock_mhz"] for r in readings if "sm_clock_mhz" in r]
     reasons = sorted({x for r in readings for x in r.get("throttle_reasons", [])})
@@ -100,8 +162,10 @@ def benchmark(
     max_samples: int = 500,
     rel_noise_target: float = 0.01,
     flush_l2: bool = True,
+    hold: bool = True,
 ) -> Timing:
-    """Time ``fn`` (which enqueues GPU work on the current stream) with CUDA events."""
+    """Time ``fn`` (which enqueues GPU work on the current stream) with CUDA events; ``hold`` measures device
+    time alone (see the module doc)."""
     import cupy
 
     if min_samples < 1 or max_samples < min_samples:
@@ -118,6 +182,8 @@ def benchmark(
         fn()
         stream.synchronize()
 
+    held = hold and can_hold(fn)
+
     readings = [_device.nvml_sample(dev_id)]
     samples: list[float] = []
     converged = False
@@ -127,13 +193,19 @@ def benchmark(
         pairs = []
         for _ in range(min(batch, max_samples - len(samples))):
             flush()
+            release = _hold(dev_id) if held else None
             start, end = cupy.cuda.Event(), cupy.cuda.Event()
             start.record(stream)
             fn()
             end.record(stream)
+            if release is not None:
+                release()
             pairs.append((start, end))
         readings.append(_device.nvml_sample(dev_id))  # sampled while the batch runs
         end.synchronize()
+        if held and _hold_state(dev_id)[1][1]:  # a hold timed out: the work waits for the device; drop the batch
+            held = False
+            continue
         samples.extend(cupy.cuda.get_elapsed_time(s, e) for s, e in pairs)
         stats = summarize(samples)
         if len(samples) >= min_samples and stats.rel_noise <= rel_noise_target:
@@ -143,4 +215,6 @@ def benchmark(
             break
         batch = max(min_samples, len(samples) // 2)
     readings.append(_device.nvml_sample(dev_id))
-    return summarize(samples, converged=converged, clocks=_clock_summary(readings))
+    clocks = _clock_summary(readings)
+    clocks["held"] = held
+    return summarize(samples, converged=converged, clocks=clocks)

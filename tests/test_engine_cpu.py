@@ -135,7 +135,8 @@ def test_engine_kernels_compile_for_every_profile(spec):
     from cukernels import bandwidth
 
     res = compile.compile_offline(bandwidth._SOURCE, [f"copy_vec16<{bandwidth._UNROLL}>"], spec.arch)
-    assert all(r.spills == 0 for r in res.values())
+    res.update(compile.compile_offline(timing._SOURCE, ["block_stream"], spec.arch))
+    assert len(res) == 2 and all(r.spills == 0 for r in res.values())
 
 
 def test_offline_compile_error_carries_log_and_options(tmp_path):

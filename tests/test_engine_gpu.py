@@ -67,3 +67,30 @@ def test_copy_bandwidth_near_the_datasheet():
     print(f"copy: {result.tb_per_s:.2f} TB/s, {result.timing}")
     if spec.peaks is not None:
         assert result.tb_per_s * 1e3 >= 0.75 * spec.peaks.mem_bandwidth_gbs
+
+
+def test_held_timing_measures_device_time_not_host_time():
+    """A call whose host side is slow (sleeps between tiny launches) is timed by its kernels when the stream is
+    held; a call that synchronises the host is detected and timed without holding."""
+    import time
+
+    import cupy
+
+    x = cupy.zeros(1 << 10, dtype=cupy.float32)
+
+    def slow_host():
+        for _ in range(5):
+            x.fill(1.0)
+            time.sleep(0.002)  # 10 ms of host time around ~5 tiny kernels
+
+    held = timing.benchmark(slow_host, budget_ms=100, min_samples=5)
+    unheld = timing.benchmark(slow_host, budget_ms=100, min_samples=5, hold=False)
+    assert held.clocks["held"] and not unheld.clocks["held"]
+    assert held.median_ms < 1.0 < 5.0 < unheld.median_ms
+
+    def syncs():
+        x.fill(2.0)
+        cupy.cuda.get_current_stream().synchronize()
+
+    t = timing.benchmark(syncs, budget_ms=100, min_samples=5)
+    assert not t.clocks["held"] and t.median_ms < 15.0  # no 20 ms hold timeouts left in the samples

@@ -1,0 +1,23 @@
+// Holds a stream until the host has enqueued the work to be timed (nvbench's "blocking kernel" idea): the timer
+// launches it, records the start event, enqueues the work and the end event, then releases it by writing the
+// flag in mapped host memory. The events then bracket device time alone, whatever the host took to launch the
+// work. If the timed work waits for the device itself (a host synchronisation inside it), the flag never
+// comes: the kernel gives up after timeout_ns and says so in state[1], and the timer stops blocking.
+// state: mapped host memory, state[0] = the last ticket released (host), state[1] = timed out (device writes 1).
+// Tickets increase, so a holding kernel still waiting from the previous sample is never re-armed by the next.
+
+__device__ __forceinline__ unsigned long long global_ns() {
+    unsigned long long t;
+    asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
+    return t;
+}
+
+extern "C" __global__ void block_stream(volatile int* state, int ticket, unsigned long long timeout_ns) {
+    const unsigned long long t0 = global_ns();
+    while (state[0] < ticket) {
+        if (global_ns() - t0 > timeout_ns) {
+            state[1] = 1;
+            return;
+        }
+    }
+}
