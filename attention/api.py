@@ -19,7 +19,7 @@ import numpy as np
 
 from cukernels import compile as _compile
 from cukernels import device as _device
-from cukernels import dtypes
+from cukernels import dtypes, tiling
 
 from .configs import HEAD_DIMS, MASK_SEGMENTS, FwdProblem, plan_forward
 
@@ -219,8 +219,7 @@ def prepare(q, k, v, *, causal=False, window=None, segment_ids=None, softmax_sca
         if plan is None:
             plan = plan_forward(problem, spec)
         cfg = plan.config
-        if cfg.source == "flash_fwd_sm90.cu" and spec.arch != "sm_90a":
-            raise ValueError(f"plan {cfg} needs wgmma (sm_90a); this device compiles for {spec.arch}")
+        tiling.check_fits(cfg, spec)  # a plan handed in must fit this device like a planned one
         if cfg.head_dim != problem.head_dim:
             raise ValueError(f"plan is for head_dim {cfg.head_dim}, the inputs have {problem.head_dim}")
         dtype = dtypes.from_name(problem.dtype)

@@ -78,6 +78,7 @@ class FwdWgmmaConfig:
     stages: int = 2
 
     source = "flash_fwd_sm90.cu"
+    needs_arch = "sm_90a"  # wgmma: the planner (tiling.fits) offers this tile on Hopper alone
 
     def __post_init__(self):
         if self.head_dim not in HEAD_DIMS:
@@ -148,15 +149,13 @@ _WGMMA_CANDIDATES = {
 }
 
 
-def search_space(head_dim: int, spec: DeviceSpec | None = None) -> list:
-    """Every config the planner may return for ``head_dim`` on ``spec`` (heuristic candidates): the wgmma tiles
-    first on sm_90a, then the mma.sync tiles that run on every sm_80+ GPU."""
-    mma = [FwdConfig(head_dim=head_dim, block_m=m, block_n=n, warps=w, stages=s)
-           for m, n, w, s in _CANDIDATES[head_dim]]
-    if spec is None or spec.arch != "sm_90a":
-        return mma
-    return [FwdWgmmaConfig(head_dim=head_dim, block_n=n, warpgroups=w, stages=s)
-            for n, w, s in _WGMMA_CANDIDATES[head_dim]] + mma
+def search_space(head_dim: int) -> list:
+    """Every config the planner may consider for ``head_dim``, in preference order: the wgmma tiles (which fit
+    sm_90a alone, ``needs_arch``), then the mma.sync tiles that run on every sm_80+ GPU."""
+    return ([FwdWgmmaConfig(head_dim=head_dim, block_n=n, warpgroups=w, stages=s)
+             for n, w, s in _WGMMA_CANDIDATES[head_dim]]
+            + [FwdConfig(head_dim=head_dim, block_m=m, block_n=n, warps=w, stages=s)
+               for m, n, w, s in _CANDIDATES[head_dim]])
 
 
 def plannable(spec: DeviceSpec, head_dim: int) -> list[FwdConfig]:
@@ -169,7 +168,7 @@ def plannable(spec: DeviceSpec, head_dim: int) -> list[FwdConfig]:
     tuned = _override(probe, spec)
     if tuned is not None:
         found.append(tuned.config)
-    space = search_space(head_dim, spec)
+    space = search_space(head_dim)
     for order in (space, sorted(space, key=lambda c: c.block_m != 64)):
         fitting = [c for c in order if tiling.fits(c, spec) is None]
         if fitting and fitting[0] not in found:
@@ -201,7 +200,7 @@ def plan_forward(problem: FwdProblem, spec: DeviceSpec) -> tiling.Plan:
     tuned = _override(problem, spec)
     if tuned is not None:
         return tuned
-    candidates = search_space(problem.head_dim, spec)
+    candidates = search_space(problem.head_dim)
     ctas_128 = problem.batch * problem.heads * math.ceil(problem.seq_q / 128)
     reason = f"fastest spill-free tile for head_dim {problem.head_dim} that fits"
     if ctas_128 < spec.sm_count:

@@ -34,7 +34,11 @@ class Planner(Protocol):
 
 
 def fits(config: TileConfig, spec: DeviceSpec) -> str | None:
-    """None when ``config`` fits ``spec``, else the reason it does not."""
+    """None when ``config`` fits ``spec``, else the reason it does not. A config built on arch-specific
+    instructions names its target in ``needs_arch`` (e.g. ``"sm_90a"`` for wgmma) and fits nowhere else."""
+    needs = getattr(config, "needs_arch", None)
+    if needs is not None and spec.arch != needs:
+        return f"needs {needs}, {spec.name} compiles for {spec.arch}"
     smem = config.smem_bytes()
     if smem > spec.smem_per_block_optin:
         return f"{smem:,} B shared memory > {spec.smem_per_block_optin:,} B per block on {spec.name}"
@@ -69,7 +73,7 @@ def choose(candidates: Iterable[TileConfig], spec: DeviceSpec, *, reason: str) -
     for config in candidates:
         why = fits(config, spec)
         if why is None:
-            note = reason if not rejected else f"{reason}; skipped {len(rejected)} larger: {rejected[0]}"
+            note = reason if not rejected else f"{reason}; skipped {len(rejected)}, first: {rejected[0]}"
             return Plan(config=config, smem_bytes=config.smem_bytes(), limit=spec.smem_per_block_optin, reason=note)
         rejected.append(f"{config} ({why})")
     raise PlanError(f"no tile config fits {spec.name}: " + "; ".join(rejected or ["no candidates"]))

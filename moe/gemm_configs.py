@@ -64,6 +64,11 @@ class GemmConfig:
             raise ValueError(f"min_blocks must be 1 or 2, got {self.min_blocks}")
 
     @property
+    def needs_arch(self) -> str | None:
+        """wgmma tiles fit sm_90a alone (checked by tiling.fits)."""
+        return "sm_90a" if self.kind == "wgmma" else None
+
+    @property
     def threads(self) -> int:
         return self.warps_m * self.warps_n * 32
 
@@ -130,13 +135,11 @@ def _config_from(raw: dict) -> GemmConfig:
 
 
 def _for_device(candidates, spec: DeviceSpec) -> list[GemmConfig]:
-    """Drop wgmma tiles where the arch has no wgmma (anything but sm_90a). Keep the two-CTAs-per-SM register cap
-    only where two CTAs' shared memory (plus the 1 KiB the driver reserves per CTA) fit in one SM; elsewhere the
-    cap would only cost registers."""
+    """Keep the two-CTAs-per-SM register cap only where two CTAs' shared memory (plus the 1 KiB the driver
+    reserves per CTA) fit in one SM; elsewhere the cap would only cost registers. (wgmma tiles are dropped off
+    sm_90a by tiling.fits.)"""
     out = []
     for c in candidates:
-        if c.kind == "wgmma" and spec.arch != "sm_90a":
-            continue
         if c.min_blocks == 2 and 2 * (c.smem_bytes() + 1024) > spec.smem_per_sm:
             c = dataclasses.replace(c, min_blocks=1)
         out.append(c)

@@ -200,7 +200,7 @@ def test_mma_sync_kernel_everywhere(case):
     spec = device.current()
     mma = [c for c in configs.plannable(spec, dim) if isinstance(c, configs.FwdConfig)]
     if not mma:
-        mma = [c for c in configs.search_space(dim) if tiling.fits(c, spec) is None][:1]
+        mma = [c for c in configs.search_space(dim) if isinstance(c, configs.FwdConfig) and tiling.fits(c, spec) is None][:1]
     plan = tiling.Plan(config=mma[0], smem_bytes=mma[0].smem_bytes(), limit=spec.smem_per_block_optin,
                        reason="forced mma.sync")
     q, k, v = _inputs(batch, seq_q, seq_kv, heads, kv_heads, dim, dtype, seed=11)

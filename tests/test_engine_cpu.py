@@ -251,3 +251,16 @@ def test_rank_and_table():
     assert "| c " in text and "1.50 (torch-flash)" in text and "failed-check" in text
     doc = report.to_json(rows, {"gpu": None})
     assert '"torch-flash"' in doc
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class _HopperTile(_Tile):
+    needs_arch: str = "sm_90a"
+
+
+def test_arch_specific_configs_fit_their_arch_only():
+    tile = _HopperTile(rows=64, cols=64)
+    assert tiling.fits(tile, device.profile("h200")) is None
+    assert "needs sm_90a" in tiling.fits(tile, device.profile("a100_80gb"))
+    plan = tiling.choose([tile, _Tile(rows=64, cols=64)], device.profile("gb10"), reason="r")
+    assert plan.config == _Tile(rows=64, cols=64) and "needs sm_90a" in plan.reason
