@@ -13,7 +13,13 @@ timer notices (the holding kernel times out), drops those samples and times with
 NVML clock and throttle-reason samples taken during the run are attached to the result, so a throttled
 measurement is visible as such.
 
-Relative noise is half the p20–p80 spread over the median (for a normal distribution about 0.42 sigma/median).
+Relative noise is half the p20–p80 spread over the median (for a normal distribution about 0.84 sigma/median).
+
+Host time also moves on a scale of seconds (the interpreter, the allocators, the CPU's clock and the core the
+process runs on), which one burst of samples cannot see: its p20–p80 band may sit wholly above or below the band
+of the same call timed a few seconds later or in another process. ``pool`` joins rounds of the same work timed
+at different moments of a run (``bench.run`` spreads them over the run) into one figure whose noise is the
+larger of the two spreads: of all the samples, and of the round medians (half their range over the median).
 """
 from __future__ import annotations
 
@@ -22,7 +28,7 @@ import functools
 import itertools
 import time
 from pathlib import Path
-from typing import Callable
+from typing import Callable, Sequence
 
 import numpy as np
 
@@ -39,6 +45,9 @@ class Timing:
     samples: int
     converged: bool
     clocks: dict
+    times_ms: tuple[float, ...] = dataclasses.field(default=(), repr=False)  # every sample, in order
+    round_medians_ms: tuple[float, ...] = ()  # with several rounds (``pool``): the median of each
+    round_noise: float | None = None  # with several rounds: half the range of the round medians over the median
 
     @property
     def throttled(self) -> bool:
@@ -65,7 +74,40 @@ def summarize(samples_ms, *, converged: bool = True, clocks: dict | None = None)
         samples=int(arr.size),
         converged=converged,
         clocks=clocks or {},
+        times_ms=tuple(arr.tolist()),
     )
+
+
+def pool(rounds: Sequence[Timing]) -> Timing:
+    """One figure from rounds of the same work timed at different moments: median and p20/p80 of all their
+    samples; relative noise the larger of the samples' spread and the round medians' (half their range over the
+    median, the variation between moments that a single round cannot see). One round is returned as it is."""
+    if not rounds:
+        raise ValueError("pool needs at least one round")
+    if len(rounds) == 1:
+        return rounds[0]
+    medians = tuple(r.median_ms for r in rounds)
+    clocks = _merge_clocks([r.clocks for r in rounds])
+    joined = summarize([t for r in rounds for t in r.times_ms], converged=all(r.converged for r in rounds),
+                       clocks=clocks)
+    between = (max(medians) - min(medians)) / (2 * joined.median_ms) if joined.median_ms > 0 else 0.0
+    return dataclasses.replace(joined, rel_noise=max(joined.rel_noise, between), round_medians_ms=medians,
+                               round_noise=between)
+
+
+def _merge_clocks(all_clocks: Sequence[dict]) -> dict:
+    """Clock summaries (of readings, or of rounds) as one: extremes, every throttle reason seen, throttled if any
+    was, held only if every one was."""
+    reasons = sorted({x for c in all_clocks for x in c.get("throttle_reasons", [])})
+    out: dict = {"throttle_reasons": reasons, "throttled": any(c.get("throttled", False) for c in all_clocks)}
+    for key, pick in (("sm_clock_min_mhz", min), ("sm_clock_max_mhz", max), ("temperature_max_c", max),
+                      ("power_max_w", max)):
+        values = [c[key] for c in all_clocks if key in c]
+        if values:
+            out[key] = pick(values)
+    if any("held" in c for c in all_clocks):
+        out["held"] = all(c.get("held", False) for c in all_clocks)
+    return out
 
 
 @functools.cache
@@ -139,17 +181,17 @@ def can_hold(fn: Callable[[], object]) -> bool:
 
 
 def _clock_summary(readings: list[dict]) -> dict:
-    clocks = [r["sm_clock_mhz"] for r in readings if "sm_clock_mhz" in r]
-    reasons = sorted({x for r in readings for x in r.get("throttle_reasons", [])})
+    """NVML readings (``device.nvml_sample``) as a clock summary: extremes, throttle reasons, ``throttled``."""
+    return _merge_clocks([_reading_summary(r) for r in readings])
+
+
+def _reading_summary(reading: dict) -> dict:
+    reasons = list(reading.get("throttle_reasons", []))
     out: dict = {"throttle_reasons": reasons, "throttled": bool(set(reasons) & _device.SLOWDOWN_REASONS)}
-    if clocks:
-        out.update(sm_clock_min_mhz=min(clocks), sm_clock_max_mhz=max(clocks))
-    temps = [r["temperature_c"] for r in readings if "temperature_c" in r]
-    if temps:
-        out["temperature_max_c"] = max(temps)
-    power = [r["power_w"] for r in readings if "power_w" in r]
-    if power:
-        out["power_max_w"] = max(power)
+    for src, keys in (("sm_clock_mhz", ("sm_clock_min_mhz", "sm_clock_max_mhz")),
+                      ("temperature_c", ("temperature_max_c",)), ("power_w", ("power_max_w",))):
+        if src in reading:
+            out.update(dict.fromkeys(keys, reading[src]))
     return out
 
 

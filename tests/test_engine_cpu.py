@@ -232,6 +232,28 @@ def test_timing_summary_statistics():
         timing.summarize([])
 
 
+def test_pooled_rounds_state_the_spread_between_rounds():
+    steady = [timing.summarize([1.0, 1.0, 1.01, 0.99, 1.0], clocks={"held": False, "sm_clock_min_mhz": 1900,
+                                                                     "sm_clock_max_mhz": 1980,
+                                                                     "throttle_reasons": []})]
+    assert timing.pool(steady) is steady[0]  # one round: as it was
+    shifted = steady + [timing.summarize([1.3, 1.3, 1.31, 1.29, 1.3],
+                                         clocks={"held": False, "sm_clock_min_mhz": 1700, "sm_clock_max_mhz": 1980,
+                                                 "throttle_reasons": ["sw_power_cap"], "throttled": True}),
+                        timing.summarize([1.0, 1.01, 1.0, 1.0, 0.99], clocks={"held": False})]
+    t = timing.pool(shifted)
+    assert t.samples == 15 and t.median_ms == 1.0 and t.round_medians_ms == (1.0, 1.3, 1.0)
+    assert t.round_noise == pytest.approx(0.15)  # half the range of the round medians over the median
+    assert t.rel_noise == pytest.approx(0.15) and t.rel_noise > (t.p80_ms - t.p20_ms) / (2 * t.median_ms) - 1e-12
+    assert t.clocks["held"] is False and t.throttled and t.clocks["throttle_reasons"] == ["sw_power_cap"]
+    assert (t.clocks["sm_clock_min_mhz"], t.clocks["sm_clock_max_mhz"]) == (1700, 1980)
+    # rounds that agree: the samples' own spread is the larger and stays the stated noise
+    wide = [timing.summarize(np.linspace(1.0, 2.0, 11)), timing.summarize(np.linspace(1.0, 2.0, 11) + 0.01)]
+    assert timing.pool(wide).rel_noise > timing.pool(wide).round_noise
+    with pytest.raises(ValueError):
+        timing.pool([])
+
+
 def _result(**kw):
     base = dict(case="c", impl="ours", params={}, tags=[], baseline=False, status="ok", median_ms=1.0, p20_ms=0.99,
                 p80_ms=1.01, rel_noise=0.01, samples=10, tflops=300.0, gbs=None, pct_peak=30.0,
