@@ -9,6 +9,12 @@ with a failed check is reported as failed, never as fast.
 Within a case every implementation is timed the same way: device time with the stream held (timing.py) when
 all of them enqueue without waiting for the device, otherwise all of them unheld (host time included), so a
 baseline that synchronises is never set against our device time alone. ``Result.clocks["held"]`` records it.
+
+Host time drifts over seconds, so a row timed with host time is timed in ``host_rounds`` rounds spread over the
+run: the first where its case comes, the others in sweeps over those rows after the last case (fresh inputs from
+the same seed, checked again after each round). ``timing.pool`` joins them; the row states the larger of its
+samples' spread and its round medians' spread as its noise (``rel_noise``; ``round_medians_ms`` and
+``round_noise`` keep the parts), which is what ``cukernels.compare`` sets a rerun against.
 """
 from __future__ import annotations
 
@@ -73,6 +79,8 @@ class Result:
     pct_peak: float | None = None  # of the roof that bounds this case (FLOP/s or bandwidth)
     speedup_vs_best_baseline: float | None = None
     best_baseline: str | None = None
+    round_medians_ms: list = dataclasses.field(default_factory=list)  # host-time rows: one median per round
+    round_noise: float | None = None  # host-time rows: half the range of the round medians over the median
     checks: list = dataclasses.field(default_factory=list)
     clocks: dict = dataclasses.field(default_factory=dict)
     throttled: bool = False
@@ -149,6 +157,35 @@ def _progress(msg: str, stream) -> None:
         print(f"\r\033[K{msg}", end="", file=stream, flush=True)
 
 
+HOST_ROUNDS = 5  # rounds of a row timed with host time, spread over the run
+_ROUND_MIN_SAMPLES = 5  # per round, when a row is timed in rounds (10 in one round otherwise)
+
+
+def _free_pool() -> None:
+    """The last case's buffers go back to the device (torch needs room too)."""
+    import cupy
+
+    cupy.get_default_memory_pool().free_all_blocks()
+
+
+@dataclasses.dataclass(kw_only=True)
+class _Timed:
+    """A row being timed: the rounds so far, and what the checks after them said."""
+    case: Case
+    impl: Impl
+    base: dict
+    checks: list
+    plan: str | None
+    rounds: list = dataclasses.field(default_factory=list)  # one timing.Timing per round
+    failed: str = ""  # the first failed check after a round
+    peak_memory_bytes: int | None = None
+    error: Result | None = None
+
+    @property
+    def host_time(self) -> bool:
+        return self.rounds[0].clocks.get("held") is False
+
+
 def run(
     op: Op,
     cases: Sequence[Case],
@@ -157,21 +194,25 @@ def run(
     seed: int = 0,
     budget_ms: float = 400.0,
     rel_noise_target: float = 0.01,
+    host_rounds: int = HOST_ROUNDS,
     plan_of: Callable[[Case], str | None] = lambda case: None,
     progress=sys.stderr,
 ) -> list[Result]:
     """Check and time every implementation on every case; returns one ``Result`` per pair."""
+    if host_rounds < 1:
+        raise ValueError(f"host_rounds must be at least 1, got {host_rounds}")
     spec = _device.current()
-    results: list[Result] = []
+    rows: list[Result | _Timed] = []
+    revisit: list[tuple[int, Case, list[_Timed]]] = []  # cases with rows timed with host time
     total = len(cases) * len(impls)
     t0 = time.perf_counter()
-    import cupy
+    timer = dict(rel_noise_target=rel_noise_target)
 
     for ci, case in enumerate(cases):
-        cupy.get_default_memory_pool().free_all_blocks()  # the last case's buffers go back (torch needs room too)
+        _free_pool()
         inputs = op.make_inputs(case, seed + ci)
         reference = op.reference(case, inputs)
-        ready = []  # (base, impl, fn, checks, plan) of the implementations whose first output passed
+        ready = []  # (_Timed, fn) of the implementations whose first output passed
         for ii, impl in enumerate(impls):
             done = ci * len(impls) + ii
             _progress(f"[{done + 1}/{total} {time.perf_counter() - t0:.0f}s] {case.name} / {impl.name}", progress)
@@ -179,25 +220,54 @@ def run(
                         baseline=impl.baseline)
             why = impl.unavailable() or impl.supports(case)
             if why:
-                results.append(Result(**base, status="skipped", reason=why))
+                rows.append(Result(**base, status="skipped", reason=why))
                 continue
             try:
                 outcome = _check_first(op, case, impl, inputs, reference, base, plan_of)
             except Exception as exc:  # reported, never hidden: the table shows the error
                 outcome = _error(base, exc)
             if isinstance(outcome, Result):
-                results.append(outcome)
+                rows.append(outcome)
             else:
                 ready.append(outcome)
-        hold = all(_timing.can_hold(fn) for _, _, fn, _, _ in ready)
-        for base, impl, fn, checks, plan in ready:
-            _progress(f"[{time.perf_counter() - t0:.0f}s] timing {case.name} / {impl.name}", progress)
+        hold = all(_timing.can_hold(fn) for _, fn in ready)
+        rounds = 1 if hold else host_rounds
+        first = dict(timer, hold=hold, budget_ms=budget_ms / rounds,
+                     min_samples=10 if rounds == 1 else _ROUND_MIN_SAMPLES)
+        for timed, fn in ready:
+            _progress(f"[{time.perf_counter() - t0:.0f}s] timing {case.name} / {timed.impl.name}", progress)
+            rows.append(timed)
             try:
-                results.append(_time(op, case, fn, reference, base, checks, plan, spec, budget_ms,
-                                     rel_noise_target, hold))
+                _time_round(op, case, timed, fn, reference, host_rounds, **first)
+                timed.peak_memory_bytes = peak_memory(fn)
             except Exception as exc:
-                results.append(_error(base, exc))
+                timed.error = _error(timed.base, exc)
+        again = [t for t, _ in ready if t.error is None and t.host_time]
+        if again and host_rounds > 1:
+            revisit.append((ci, case, again))
+
+    later = dict(timer, hold=False, budget_ms=budget_ms / host_rounds, min_samples=_ROUND_MIN_SAMPLES)
+    for r in range(2, host_rounds + 1):
+        for ci, case, timed_rows in revisit:
+            live = [t for t in timed_rows if t.error is None]
+            inputs = reference = ready = None  # the last inputs go before the pool is emptied
+            try:
+                _free_pool()
+                inputs = op.make_inputs(case, seed + ci)
+                reference = op.reference(case, inputs)
+            except Exception as exc:
+                for t in live:
+                    t.error = _error(t.base, exc)
+                continue
+            for t in live:
+                _progress(f"[{time.perf_counter() - t0:.0f}s] round {r}/{host_rounds} {case.name} / {t.impl.name}",
+                          progress)
+                try:
+                    _time_round(op, case, t, t.impl.prepare(case, inputs), reference, host_rounds, **later)
+                except Exception as exc:
+                    t.error = _error(t.base, exc)
     _progress("", progress)
+    results = [row if isinstance(row, Result) else _result(row, spec) for row in rows]
     _rank(results)
     return results
 
@@ -208,7 +278,7 @@ def _error(base: dict, exc: Exception) -> Result:
 
 
 def _check_first(op, case, impl, inputs, reference, base, plan_of):
-    """The implementation's first output against the reference: a failed-check Result, or what timing needs."""
+    """The implementation's first output against the reference: a failed-check Result, or (_Timed, fn)."""
     fn = impl.prepare(case, inputs)
     _checks.poison_pool(op.poison_bytes(case))
     first = op.check(case, fn(), reference)
@@ -217,22 +287,30 @@ def _check_first(op, case, impl, inputs, reference, base, plan_of):
     if not all(c.passed for c in first):
         bad = "; ".join(str(c) for c in first if not c.passed)
         return Result(**base, status="failed-check", reason=bad[:300], checks=checks, plan=plan)
-    return base, impl, fn, checks, plan
+    return _Timed(case=case, impl=impl, base=base, checks=checks, plan=plan), fn
 
 
-def _time(op, case, fn, reference, base, checks, plan, spec, budget_ms, rel_noise_target, hold) -> Result:
-    t = _timing.benchmark(fn, budget_ms=budget_ms, rel_noise_target=rel_noise_target, hold=hold)
-    again = op.check(case, fn(), reference)  # the timed runs must still be right
-    checks = checks + [dict(dataclasses.asdict(c), name=c.name + " (after timing)") for c in again]
-    status, reason = "ok", ""
-    if not all(c.passed for c in again):
-        status, reason = "failed-check", "after timing: " + "; ".join(str(c) for c in again if not c.passed)
-    tflops, gbs, pct = _roofline(case, t.median_ms, spec)
-    mem = peak_memory(fn)
-    return Result(**base, status=status, reason=reason, median_ms=t.median_ms, p20_ms=t.p20_ms, p80_ms=t.p80_ms,
-                  rel_noise=t.rel_noise, samples=t.samples, converged=t.converged, tflops=tflops, gbs=gbs,
-                  pct_peak=pct, checks=checks, clocks=t.clocks, throttled=t.throttled, peak_memory_bytes=mem,
-                  plan=plan)
+def _time_round(op, case, timed: _Timed, fn, reference, host_rounds: int, **timer) -> None:
+    """One round of timing, then the check of the timed runs' output (they must still be right)."""
+    timed.rounds.append(_timing.benchmark(fn, **timer))
+    again = op.check(case, fn(), reference)
+    label = " (after timing)" if len(timed.rounds) == 1 else f" (after round {len(timed.rounds)}/{host_rounds})"
+    timed.checks += [dict(dataclasses.asdict(c), name=c.name + label) for c in again]
+    if not timed.failed and not all(c.passed for c in again):
+        timed.failed = label.strip(" ()") + ": " + "; ".join(str(c) for c in again if not c.passed)
+
+
+def _result(timed: _Timed, spec) -> Result:
+    if timed.error is not None:
+        return timed.error
+    t = _timing.pool(timed.rounds)
+    tflops, gbs, pct = _roofline(timed.case, t.median_ms, spec)
+    return Result(**timed.base, status="failed-check" if timed.failed else "ok", reason=timed.failed,
+                  median_ms=t.median_ms, p20_ms=t.p20_ms, p80_ms=t.p80_ms, rel_noise=t.rel_noise, samples=t.samples,
+                  converged=t.converged, tflops=tflops, gbs=gbs, pct_peak=pct,
+                  round_medians_ms=list(t.round_medians_ms), round_noise=t.round_noise, checks=timed.checks,
+                  clocks=t.clocks, throttled=t.throttled, peak_memory_bytes=timed.peak_memory_bytes,
+                  plan=timed.plan)
 
 
 def _rank(results: list[Result]) -> None:

@@ -1,9 +1,14 @@
 """``python -m cukernels.compare A.json B.json``: do two result files (``--json`` of a bench) agree?
 
 Rows are matched by (case, implementation); for each pair measured OK in both, the relative difference of the
-medians is set against the noise both runs stated (relative noise: half the p20-p80 spread over the median) with
-a floor for run-to-run drift of clocks and power (default 2 %). A row agrees when
-``|b - a| / a <= max(noise_a + noise_b, floor)``.
+medians is set against the noise both runs stated (``rel_noise``), with a floor for run-to-run drift of clocks
+and power (default 2 %). A row agrees when ``|b - a| / a <= max(noise_a + noise_b, floor)``.
+
+The stated noise of a device-time row is half its p20-p80 spread over the median. A row timed with host time
+("host-incl": an implementation of its case synchronises the host) also moves between moments of a run and
+between processes; the bench times it in rounds spread over the run and states the larger of its samples'
+spread and half the range of its round medians (cukernels/bench.py), so a rerun is judged against what the run
+itself saw of that drift. The table's ``timed`` column says which kind each row is.
 """
 from __future__ import annotations
 
@@ -23,10 +28,17 @@ def compare(a: dict, b: dict, *, floor: float = 0.02) -> list[dict]:
             continue
         diff = (rb["median_ms"] - ra["median_ms"]) / ra["median_ms"]
         band = max((ra["rel_noise"] or 0) + (rb["rel_noise"] or 0), floor)
-        out.append({"case": ra["case"], "impl": ra["impl"], "A ms": f"{ra['median_ms']:.4f}",
+        out.append({"case": ra["case"], "impl": ra["impl"], "timed": _timed(ra), "A ms": f"{ra['median_ms']:.4f}",
                     "B ms": f"{rb['median_ms']:.4f}", "diff": f"{100 * diff:+.1f}%", "band": f"±{100 * band:.1f}%",
                     "agree": "yes" if abs(diff) <= band else "NO"})
     return out
+
+
+def _timed(row: dict) -> str:
+    if row.get("clocks", {}).get("held") is not False:
+        return "device"
+    rounds = len(row.get("round_medians_ms") or [])
+    return f"host-incl, {rounds} rounds" if rounds > 1 else "host-incl"
 
 
 def main(argv=None) -> int:

@@ -79,6 +79,102 @@ def test_markdown_report_renders(tmp_path):
     assert "NVIDIA H200" in text and "1.20 (torch-flash)" in text and "Throttle reasons seen: none" in text
 
 
+def test_host_time_rows_are_timed_in_rounds_spread_over_the_run(monkeypatch):
+    """bench.run with the GPU parts stubbed: device-time cases are timed once; host-time cases once where they
+    come and again in sweeps after the last case, re-prepared and checked after every round."""
+    from cukernels import checks, timing
+
+    calls = []
+
+    def benchmark(fn, *, hold, budget_ms, min_samples, rel_noise_target):
+        calls.append((fn.case, fn.impl, hold, budget_ms, min_samples))
+        rounds_so_far = sum(c[:2] == (fn.case, fn.impl) for c in calls)
+        ms = 1.0 if hold else 0.1 * (1.2 if rounds_so_far == 2 else 1.0)  # the host drifts in round 2
+        return timing.summarize([ms] * min_samples, clocks={"held": hold})
+
+    monkeypatch.setattr(bench._device, "current", lambda: device.profile("h200"))
+    monkeypatch.setattr(bench._timing, "benchmark", benchmark)
+    monkeypatch.setattr(bench._timing, "can_hold", lambda fn: not fn.syncs)
+    monkeypatch.setattr(bench._checks, "poison_pool", lambda nbytes: None)
+    monkeypatch.setattr(bench, "peak_memory", lambda fn: 0)
+    monkeypatch.setattr(bench, "_free_pool", lambda: None)
+
+    prepared = []
+
+    def impl(name, *, syncs=False, bad_from=None):
+        def prepare(case, inputs):
+            prepared.append((case.name, name, inputs))
+            out = "bad" if bad_from and sum(p[:2] == (case.name, name) for p in prepared) >= bad_from else "ok"
+
+            def fn():
+                return out
+            fn.case, fn.impl, fn.syncs = case.name, name, syncs and case.params["host"]
+            return fn
+        return bench.Impl(name=name, prepare=prepare, baseline=name != "ours")
+
+    def check(case, out, ref):
+        return [checks.CheckResult(name="out", max_abs=0.0, max_rel=0.0, mean_abs=0.0, rel_l2=0.0, nonfinite=0,
+                                   passed=out == "ok", reason=out)]
+
+    op = bench.Op(name="t", make_inputs=lambda case, seed: seed, reference=lambda case, inputs: None, check=check)
+    cases = [bench.Case(name=n, params={"host": host}) for n, host in (("dev", False), ("h1", True), ("h2", True))]
+    impls = [impl("ours"), impl("torch", syncs=True), impl("flaky", bad_from=3)]
+    results = bench.run(op, cases, impls, budget_ms=300, host_rounds=3, progress=None)
+
+    assert [(r.case, r.impl) for r in results] == [(c.name, i.name) for c in cases for i in impls]
+    host_order = [(c, i) for c in ("h1", "h2") for i in ("ours", "torch", "flaky")]
+    assert [c[:2] for c in calls] == [("dev", i) for i in ("ours", "torch", "flaky")] + host_order * 3
+    assert {c[2:] for c in calls if c[0] == "dev"} == {(True, 300, 10)}  # device time: one round, whole budget
+    assert {c[2:] for c in calls if c[0] != "dev"} == {(False, 100, 5)}  # host time: a third of it per round
+    # later rounds start from fresh inputs of the case's own seed
+    assert {p[2] for p in prepared if p[0] == "h2"} == {2}
+
+    by = {(r.case, r.impl): r for r in results}
+    dev, host = by["dev", "ours"], by["h1", "ours"]
+    assert dev.round_medians_ms == [] and dev.round_noise is None and dev.rel_noise == 0.0
+    assert host.round_medians_ms == pytest.approx([0.1, 0.12, 0.1]) and host.samples == 15
+    assert host.round_noise == pytest.approx(0.1) and host.rel_noise == pytest.approx(0.1)
+    assert host.clocks["held"] is False and len(host.checks) == 4  # before timing, after each of 3 rounds
+    flaky = by["h1", "flaky"]  # its third preparation (round 3) returns a wrong answer: failed, never fast
+    assert flaky.status == "failed-check" and flaky.reason.startswith("after round 3/3")
+    assert by["dev", "flaky"].status == "ok"
+    assert host.best_baseline == "torch" and host.speedup_vs_best_baseline == pytest.approx(1)  # not the failed one
+
+
+def _rerun_doc(**rows):
+    """A minimal ``--json`` document: rows keyed "case/impl" -> (median_ms, rel_noise[, held])."""
+    out = []
+    for key, (median, noise, *held) in rows.items():
+        case, impl = key.split("/")
+        out.append({"case": case, "impl": impl, "status": "ok", "median_ms": median, "rel_noise": noise,
+                    "clocks": {"held": held[0] if held else True}, "round_medians_ms": []})
+    return {"results": out}
+
+
+def test_compare_sets_each_pair_against_both_runs_noise_with_a_floor(tmp_path):
+    import json
+
+    from cukernels import compare
+
+    a = _rerun_doc(**{"c/dev": (1.000, 0.002), "c/host": (0.100, 0.10, False), "c/drift": (1.0, 0.001),
+                      "c/gone": (1.0, 0.01)})
+    b = _rerun_doc(**{"c/dev": (1.015, 0.002), "c/host": (0.088, 0.05, False), "c/drift": (1.03, 0.001)})
+    rows = {r["impl"]: r for r in compare.compare(a, b)}
+    assert set(rows) == {"dev", "host", "drift"}  # a row missing from one run is not compared
+    assert rows["dev"]["agree"] == "yes" and rows["dev"]["band"] == "±2.0%"  # +1.5 %: inside the 2 % floor
+    assert rows["host"]["agree"] == "yes" and rows["host"]["band"] == "±15.0%"  # -12 %: inside 10 % + 5 %
+    assert rows["drift"]["agree"] == "NO" and rows["drift"]["diff"] == "+3.0%"  # outside the floor
+    assert rows["host"]["timed"] == "host-incl" and rows["dev"]["timed"] == "device"
+    assert compare.compare(a, b, floor=0.05)[2]["agree"] == "yes"
+
+    files = {}
+    for name, doc in (("a", a), ("b", b), ("a_again", a)):
+        files[name] = tmp_path / f"{name}.json"
+        files[name].write_text(json.dumps(doc))
+    assert compare.main([str(files["a"]), str(files["b"])]) == 1  # one row disagrees
+    assert compare.main([str(files["a"]), str(files["a_again"])]) == 0
+
+
 def _bench_cli(module, *args):
     import subprocess
     import sys
