@@ -116,7 +116,7 @@ def prepare_backward(do, q, k, v, o, lse, *, causal=False, window=None, segment_
         Skv, KVH = problem.seq_kv, problem.kv_heads
         seq_pad = -(-Sq // _SEQ_PAD) * _SEQ_PAD
         pre = _compile.kernel(KERNEL_SOURCE, f"flash_bwd_preprocess<{dtypes.ctype(dtype)},{D}>")
-        dkdv = _compile.kernel(KERNEL_SOURCE, cfg.name_expression(dtype=dtype, mask=mask, dq=not deterministic))
+        dkdv = _compile.kernel(KERNEL_SOURCE.parent / cfg.source, cfg.name_expression(dtype=dtype, mask=mask, dq=not deterministic))
         if deterministic:
             dqk = _compile.kernel(KERNEL_SOURCE, cfg.name_expression(dtype=dtype, mask=mask, kernel="dq"))
         else:

@@ -229,7 +229,7 @@ def _variant(case: bench.Case, cfg) -> tuple:
     """(kernel file, name expression) of the main kernel a plan launches."""
     dt, mask = dtypes.from_name(case.dtype), _problem(case).problem().mask
     if case.params["backward"]:
-        return BWD_SOURCE, cfg.name_expression(dtype=dt, mask=mask, dq=True)
+        return BWD_SOURCE.parent / cfg.source, cfg.name_expression(dtype=dt, mask=mask, dq=True)
     return KERNELS / cfg.source, cfg.name_expression(dtype=dt, mask=mask)
 
 

@@ -37,6 +37,8 @@ class BwdConfig:
     dq_block_m: int = 64  # query rows per CTA of the deterministic dQ kernel (16 per warp)
     dq_block_n: int = 64  # KV rows per step of the dQ kernel
 
+    source = "flash_bwd.cu"  # in attention/kernels: the dK/dV kernel's file (the other kernels live there too)
+
     def __post_init__(self):
         if self.head_dim not in HEAD_DIMS:
             raise ValueError(f"head_dim must be one of {HEAD_DIMS}, got {self.head_dim}")
@@ -87,15 +89,68 @@ class BwdConfig:
             return f"flash_bwd_dq<{t},{self.head_dim},{self.dq_block_m},{self.dq_block_n},{self.dq_warps},{mask}>"
         raise ValueError(f"kernel must be 'dkdv' or 'dq', got {kernel!r}")
 
-    def name_expressions(self, *, dtype, mask: int) -> list[str]:
-        """Every tile-dependent kernel instance this config may launch for (dtype, mask)."""
-        return [self.name_expression(dtype=dtype, mask=mask, dq=True),
-                self.name_expression(dtype=dtype, mask=mask, dq=False),
-                self.name_expression(dtype=dtype, mask=mask, kernel="dq")]
+    def name_expressions(self, *, dtype, mask: int) -> dict[str, list[str]]:
+        """Every tile-dependent kernel instance this config may launch for (dtype, mask), by source file (in
+        attention/kernels): the dK/dV kernel with and without dQ atomics, and the deterministic dQ kernel."""
+        out = {self.source: [self.name_expression(dtype=dtype, mask=mask, dq=True),
+                             self.name_expression(dtype=dtype, mask=mask, dq=False)]}
+        out.setdefault("flash_bwd.cu", []).append(self.name_expression(dtype=dtype, mask=mask, kernel="dq"))
+        return out
 
     def __str__(self) -> str:
         return (f"BwdConfig(d{self.head_dim} m{self.block_m} n{self.block_n} w{self.warps} s{self.stages} "
                 f"| dq m{self.dq_block_m} n{self.dq_block_n})")
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class BwdWgmmaConfig(BwdConfig):
+    """The Hopper dK/dV kernel (kernels/flash_bwd_sm90.cu, ``flash_bwd_dkdv_wgmma``, sm_90a only): ``warpgroups``
+    x 64 KV rows per CTA (``block_n``), query tiles of ``block_m`` rows, every product on wgmma, dQ by fp32
+    vector reductions. Deterministic mode pairs its atomics-free instance with flash_bwd.cu's dQ kernel
+    (``dq_block_m`` / ``dq_block_n``). Head dims 64 and 128 (dK and dV accumulate in registers)."""
+
+    block_n: int = -1  # derived: 64 x warpgroups
+    warps: int = -1  # derived: 4 x warpgroups
+    warpgroups: int = 2
+
+    source = "flash_bwd_sm90.cu"
+    needs_arch = "sm_90a"  # wgmma: the planner (tiling.fits) offers this tile on Hopper alone
+
+    def __post_init__(self):
+        if self.head_dim not in (64, 128):
+            raise ValueError(f"head_dim must be 64 or 128 for the wgmma backward, got {self.head_dim}")
+        if self.block_m not in (64, 128):
+            raise ValueError(f"block_m must be 64 or 128 (a wgmma N), got {self.block_m}")
+        if self.warpgroups not in (1, 2):
+            raise ValueError(f"warpgroups must be 1 or 2, got {self.warpgroups}")
+        object.__setattr__(self, "block_n", 64 * self.warpgroups)
+        object.__setattr__(self, "warps", 4 * self.warpgroups)
+        dq_n = self.head_dim * (self.block_m // 64) // self.warpgroups
+        if self.warpgroups % (self.block_m // 64) or dq_n not in (64, 128):
+            raise ValueError(f"{self}: the dQ tile ({self.block_m} x {self.head_dim}) does not split into one "
+                             f"64 x 64/128 slice per warpgroup")
+        if self.stages not in (2, 3):
+            raise ValueError(f"stages must be 2 or 3, got {self.stages}")
+        if self.dq_block_m not in (16, 32, 64, 128) or self.dq_block_n < 16 or self.dq_block_n % 16:
+            raise ValueError(f"dq_block_m must be 16..128 (16 per warp) and dq_block_n a multiple of 16, got "
+                             f"{self.dq_block_m}, {self.dq_block_n}")
+
+    def dkdv_smem_bytes(self) -> int:
+        d, m, n, s = self.head_dim, self.block_m, self.block_n, self.stages
+        # K, V, the Q/dO ring, dS^T; lse2, D; 1 KiB to align the tiles to the 1024-byte swizzle atom
+        return 2 * (2 * n * d + 2 * s * m * d + n * m) + 2 * 4 * s * m + 1024
+
+    def name_expression(self, *, dtype, mask: int = 0, kernel: str = "dkdv", dq: bool = True) -> str:
+        if kernel != "dkdv":
+            return super().name_expression(dtype=dtype, mask=mask, kernel=kernel, dq=dq)
+        if mask not in MASK_KINDS:
+            raise ValueError(f"mask must be one of {MASK_KINDS}, got {mask}")
+        return (f"flash_bwd_dkdv_wgmma<{dtypes.ctype(dtype)},{self.head_dim},{self.block_m},{self.warpgroups},"
+                f"{self.stages},{mask},{'true' if dq else 'false'}>")
+
+    def __str__(self) -> str:
+        return (f"BwdWgmmaConfig(d{self.head_dim} m{self.block_m} n{self.block_n} wg{self.warpgroups} "
+                f"s{self.stages} | dq m{self.dq_block_m} n{self.dq_block_n})")
 
 
 # (block_m, block_n, warps, stages, dq_block_m, dq_block_n), preference order per head dim. Registers bound
@@ -110,9 +165,22 @@ _CANDIDATES = {
 }
 
 
+# Hopper (sm_90a): (block_m, warpgroups, stages, dq_block_m, dq_block_n) of the wgmma dK/dV kernel, before
+# the mma.sync tiles. Head dim 256 has none (256 dK + dV accumulators per thread do not fit the registers).
+_WGMMA_CANDIDATES = {
+    64: ((128, 2, 2, 64, 64),),
+    128: ((64, 2, 2, 64, 64),),
+    256: (),
+}
+
+
 def search_space(head_dim: int) -> list[BwdConfig]:
-    return [BwdConfig(head_dim=head_dim, block_m=m, block_n=n, warps=w, stages=s, dq_block_m=qm, dq_block_n=qn)
-            for m, n, w, s, qm, qn in _CANDIDATES[head_dim]]
+    """Every config the planner may consider for ``head_dim``, in preference order: the wgmma tiles (sm_90a
+    alone, ``needs_arch``), then the mma.sync tiles that run on every sm_80+ GPU."""
+    return ([BwdWgmmaConfig(head_dim=head_dim, block_m=m, warpgroups=w, stages=s, dq_block_m=qm, dq_block_n=qn)
+             for m, w, s, qm, qn in _WGMMA_CANDIDATES[head_dim]]
+            + [BwdConfig(head_dim=head_dim, block_m=m, block_n=n, warps=w, stages=s, dq_block_m=qm, dq_block_n=qn)
+               for m, n, w, s, qm, qn in _CANDIDATES[head_dim]])
 
 
 def plan_backward(problem: FwdProblem, spec: DeviceSpec) -> tiling.Plan:

@@ -114,13 +114,32 @@ def _plan(**cfg):
 
 SEGMENT_CASES = [
     # (batch, seq, heads, kv_heads, dim, dtype, documents, options, plan)
-    (2, 1000, 4, 2, 64, "bf16", 4, {}, None),  # planned d64: block_m 64, block_n 128
+    (2, 1000, 4, 2, 64, "bf16", 4, {}, None),  # planned (Hopper: the wgmma kernel, m128 n128; dq kernel n64)
+    (2, 1000, 4, 2, 128, "bf16", 6, {"causal": True}, None),  # planned (Hopper: wgmma, block_m 64, block_n 128)
+    (2, 1000, 4, 2, 64, "fp16", 4, {}, dict(head_dim=64, block_m=64, block_n=128, warps=8, stages=2)),
     (2, 1000, 4, 2, 128, "fp16", 7, {"causal": True},
      dict(head_dim=128, block_m=64, block_n=32, warps=4, stages=2, dq_block_m=32, dq_block_n=64)),
     (1, 2048, 4, 4, 256, "bf16", 5, {"causal": True, "window": (300, 0)}, None),  # dq kernel m64 n32
     (3, 517, 8, 2, 128, "fp16", 40, {"window": (50, 50)},
      dict(head_dim=128, block_m=32, block_n=64, warps=8, stages=2, dq_block_m=64, dq_block_n=16)),
 ]
+
+
+# On Hopper the planner picks the wgmma dK/dV kernel at head dims 64 and 128; these cases force the mma.sync
+# kernel that every other sm_80+ GPU runs, so both are validated on the one GPU we have.
+MMA_SYNC_CASES = [CASES[i] for i in (0, 1, 2, 3, 7, 12, 14, 18, 19, 23)]
+
+
+@pytest.mark.parametrize("case", MMA_SYNC_CASES, ids=[IDS[CASES.index(c)] for c in MMA_SYNC_CASES])
+def test_mma_sync_kernel_against_reference(case):
+    from attention.bwd_configs import BwdConfig, search_space
+
+    batch, seq_q, seq_kv, heads, kv_heads, dim, dtype, opts = case
+    cfg = next(c for c in search_space(dim) if type(c) is BwdConfig)
+    plan = tiling.Plan(config=cfg, smem_bytes=cfg.smem_bytes(), limit=232_448, reason="test: mma.sync kernel")
+    seed = zlib.crc32(IDS[CASES.index(case)].encode()) % 1000 + 1
+    q, k, v, do = _inputs(batch, seq_q, seq_kv, heads, kv_heads, dim, dtype, seed)
+    _check(q, k, v, do, dtype, plan=plan, **opts)
 
 
 @pytest.mark.parametrize("deterministic", [False, True], ids=["atomic", "deterministic"])

@@ -30,6 +30,24 @@ def attention_cases():
         flash_attention(q, k, k, causal=True)
 
 
+def backward_cases():
+    from attention import flash_attention, flash_attention_backward
+    from attention.suites import packed_segment_ids
+
+    for d, dt, kw in ((64, "fp16", dict(causal=True)), (128, "bf16", dict(window=(40, 7))),
+                      (256, "fp16", dict(causal=True, window=(50, 0)))):
+        t = dtypes.from_name(dt)
+        q = dtypes.random((1, 150, 2, d), t, seed=1)
+        k = dtypes.random((1, 170, 1, d), t, seed=2)
+        v = dtypes.random((1, 170, 1, d), t, seed=3)
+        do = dtypes.random((1, 150, 2, d), t, seed=4)
+        ids = cupy.asarray(packed_segment_ids(1, 170, 3, seed=0))
+        for seg in (None, (ids[:, :150], ids)):
+            o, lse = flash_attention(q, k, v, segment_ids=seg, return_lse=True, **kw)
+            for det in (False, True):
+                flash_attention_backward(do, q, k, v, o, lse, segment_ids=seg, deterministic=det, **kw)
+
+
 def gemm_cases():
     from cukernels import device
     from moe import gemm_configs, grouped_gemm
@@ -58,7 +76,7 @@ def moe_cases():
 
 
 def main(names) -> int:
-    cases = {"attention": attention_cases, "gemm": gemm_cases, "moe": moe_cases,
+    cases = {"attention": attention_cases, "backward": backward_cases, "gemm": gemm_cases, "moe": moe_cases,
              "copy": lambda: bandwidth.measure_copy(1 << 20, budget_ms=1)}
     for name in names or list(cases):
         cases[name]()

@@ -58,4 +58,95 @@ __device__ __forceinline__ float2 unpack2(unsigned u) {
 
 __device__ __forceinline__ float pos_inf() { return __int_as_float(0x7f800000); }
 
+constexpr int BWD_MASK_WINDOW = 1;  // same bits as the forward's MASK_WINDOW / MASK_SEGMENTS
+constexpr int BWD_MASK_SEGMENTS = 2;
+
+// For the KV tile [n0, n0 + BLOCK_N) of one dK/dV CTA: the (q head in the GQA group, query tile) pairs it walks,
+// numbered head-major (it = head_in_group * n_m + query tile - mb_min), limited to the query tiles the
+// causal/window bounds leave (query i sees kv j when j - shift - right <= i <= j - shift + left),
+// `next_visible` skipping tiles whose segment-id range (tile_id_range pre-pass, built with this kernel's own
+// tile sizes) cannot meet the KV tile's, and `needs_mask` telling the tiles that need element masks. The
+// backward counterpart of common.cuh's KvTileRange; used by both dK/dV kernels.
+template <int BLOCK_M, int BLOCK_N, bool WINDOW, bool SEGMENTS>
+struct QTileRange {
+    int mb_min, n_m, total, n_q_tiles;
+    int n0, seq_q, seq_kv, shift, window_left, window_right;
+    int2 kv_range;
+    const int2* q_ranges;  // [n_q_tiles] of this batch element
+
+    __device__ __forceinline__ QTileRange(int n0_, int seq_q_, int seq_kv_, int window_left_, int window_right_,
+                                          const int2* q_tile_ids, const int2* kv_tile_ids, int b, int nb,
+                                          int n_kv_tiles, int kv_group)
+        : n0(n0_), seq_q(seq_q_), seq_kv(seq_kv_), shift(seq_kv_ - seq_q_), window_left(window_left_),
+          window_right(window_right_), kv_range(make_int2(0, 0)), q_ranges(nullptr) {
+        n_q_tiles = (seq_q + BLOCK_M - 1) / BLOCK_M;
+        const int n_last = min(n0 + BLOCK_N, seq_kv) - 1;
+        int i_lo = 0, i_hi = seq_q - 1;
+        if constexpr (WINDOW) {
+            i_lo = max(0, n0 - shift - window_right);
+            i_hi = min(seq_q - 1, n_last - shift + window_left);
+        }
+        mb_min = i_lo / BLOCK_M;
+        n_m = i_hi >= i_lo ? i_hi / BLOCK_M + 1 - mb_min : 0;
+        total = n_m * kv_group;
+        if constexpr (SEGMENTS) {
+            kv_range = kv_tile_ids[b * n_kv_tiles + nb];
+            q_ranges = q_tile_ids + b * n_q_tiles;
+        }
+    }
+
+    __device__ __forceinline__ int head_in_group(int it) const { return it / n_m; }
+    __device__ __forceinline__ int m_block(int it) const { return mb_min + it % n_m; }
+
+    __device__ __forceinline__ int next_visible(int it) const {
+        if constexpr (SEGMENTS) {
+            while (it < total) {
+                const int2 r = q_ranges[m_block(it)];
+                if (r.x <= kv_range.y && kv_range.x <= r.y) break;
+                ++it;
+            }
+        }
+        return it;
+    }
+
+    __device__ __forceinline__ bool needs_mask(int mb) const {
+        const int m0 = mb * BLOCK_M, m_last = min(m0 + BLOCK_M, seq_q) - 1;
+        bool mask = n0 + BLOCK_N > seq_kv;
+        if constexpr (WINDOW) {
+            mask |= n0 + BLOCK_N - 1 > m0 + shift + window_right;
+            mask |= n0 < m_last + shift - window_left;
+        }
+        if constexpr (SEGMENTS) {
+            const int2 r = q_ranges[mb];
+            mask |= !(r.x == r.y && kv_range.x == kv_range.y && r.x == kv_range.x);
+        }
+        return mask;
+    }
+};
+
+// Element masks of a transposed score tile S^T (rows = kv positions, columns = queries), in the m16n8 C layout
+// of one warp's 16 rows: acc[nt][e] is kv row kv_row + 8 (e / 2), query column q0 + 8 nt + 2 t + e % 2.
+// Entries whose kv row is past seq_kv, outside the query's window [at - left, at + right] (at = query + shift),
+// or of another segment become -inf. Query columns past seq_q need no mask (their lse2 is +inf, so P = 0).
+// kvid: the segment ids of kv rows kv_row and kv_row + 8; q_ids: this batch element's query ids.
+template <int NT, bool WINDOW, bool SEGMENTS>
+__device__ __forceinline__ void mask_scores_t(float (&acc)[NT][4], int q0, int kv_row, int seq_q, int seq_kv,
+                                              int shift, int window_left, int window_right,
+                                              const int* __restrict__ q_ids, const int (&kvid)[2], int t) {
+#pragma unroll
+    for (int nt = 0; nt < NT; ++nt)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) {
+            const int col = q0 + nt * 8 + 2 * t + (e & 1);
+            const int row = kv_row + 8 * (e >> 1);
+            bool ok = row < seq_kv;
+            if constexpr (WINDOW) {
+                const int at = col + shift;
+                ok = ok && row >= at - window_left && row <= at + window_right;
+            }
+            if constexpr (SEGMENTS) ok = ok && __ldg(q_ids + min(col, seq_q - 1)) == kvid[e >> 1];
+            if (!ok) acc[nt][e] = neg_inf();
+        }
+}
+
 }  // namespace attn

@@ -28,11 +28,6 @@
 //    atomics anywhere, so results are bit-identical run to run.
 #include "bwd_common.cuh"
 
-namespace attn {
-constexpr int BWD_MASK_WINDOW = 1;  // same bits as the forward's MASK_WINDOW / MASK_SEGMENTS
-constexpr int BWD_MASK_SEGMENTS = 2;
-}  // namespace attn
-
 using namespace attn;
 
 template <typename T, int HEAD_DIM>
@@ -143,45 +138,14 @@ flash_bwd_dkdv(const T* __restrict__ q, const T* __restrict__ k, const T* __rest
     const int nb = blockIdx.x, kvh = blockIdx.y, b = blockIdx.z;
     const int kv_heads = gridDim.y;
     const int n0 = nb * BLOCK_N;
-    const int n_last = min(n0 + BLOCK_N, seq_kv) - 1;
     const int shift = seq_kv - seq_q;
-    const int n_q_tiles = (seq_q + BLOCK_M - 1) / BLOCK_M;
 
-    // ---- the query tiles that can see this KV tile: i in [j - shift - right, j - shift + left]
-    int i_lo = 0, i_hi = seq_q - 1;
-    if constexpr (WINDOW) {
-        i_lo = max(0, n0 - shift - window_right);
-        i_hi = min(seq_q - 1, n_last - shift + window_left);
-    }
-    const int mb_min = i_lo / BLOCK_M;
-    const int n_m = i_hi >= i_lo ? i_hi / BLOCK_M + 1 - mb_min : 0;
-    const int total = n_m * kv_group;  // (head in group, query tile) pairs, head-major
-
-    int2 kv_range = make_int2(0, 0);
-    if constexpr (SEGMENTS) kv_range = kv_tile_ids[b * gridDim.x + nb];
-    auto next_visible = [&](int it) {
-        if constexpr (SEGMENTS) {
-            while (it < total) {
-                const int2 r = q_tile_ids[b * n_q_tiles + mb_min + it % n_m];
-                if (r.x <= kv_range.y && kv_range.x <= r.y) break;
-                ++it;
-            }
-        }
-        return it;
-    };
-    auto needs_mask = [&](int mb) {
-        const int m0 = mb * BLOCK_M, m_last = min(m0 + BLOCK_M, seq_q) - 1;
-        bool mask = n0 + BLOCK_N > seq_kv;
-        if constexpr (WINDOW) {
-            mask |= n0 + BLOCK_N - 1 > m0 + shift + window_right;
-            mask |= n0 < m_last + shift - window_left;
-        }
-        if constexpr (SEGMENTS) {
-            const int2 r = q_tile_ids[b * n_q_tiles + mb];
-            mask |= !(r.x == r.y && kv_range.x == kv_range.y && r.x == kv_range.x);
-        }
-        return mask;
-    };
+    // ---- the (head in group, query tile) pairs that can see this KV tile
+    const QTileRange<BLOCK_M, BLOCK_N, WINDOW, SEGMENTS> tiles(n0, seq_q, seq_kv, window_left, window_right, q_tile_ids,
+                                                               kv_tile_ids, b, nb, gridDim.x, kv_group);
+    const int mb_min = tiles.mb_min, n_m = tiles.n_m, total = tiles.total;
+    auto next_visible = [&](int it) { return tiles.next_visible(it); };
+    auto needs_mask = [&](int mb) { return tiles.needs_mask(mb); };
 
     // ---- K, V once; Q, dO, lse2, D per (head, query tile) through the ring
     load_tile<BLOCK_N, HEAD_DIM, THREADS>(sK, k + b * k_sb + kvh * k_sh, k_ss, n0, seq_kv);
@@ -216,10 +180,10 @@ flash_bwd_dkdv(const T* __restrict__ q, const T* __restrict__ k, const T* __rest
 
     // kv ids of this thread's two S^T rows
     const int kv_row0 = n0 + 16 * wr + g, kv_row1 = kv_row0 + 8;
-    int kvid0 = 0, kvid1 = 0;
+    int kvid[2] = {0, 0};
     if constexpr (SEGMENTS) {
-        kvid0 = kv_ids[(long long)b * seq_kv + min(kv_row0, seq_kv - 1)];
-        kvid1 = kv_ids[(long long)b * seq_kv + min(kv_row1, seq_kv - 1)];
+        kvid[0] = kv_ids[(long long)b * seq_kv + min(kv_row0, seq_kv - 1)];
+        kvid[1] = kv_ids[(long long)b * seq_kv + min(kv_row1, seq_kv - 1)];
     }
 
     const unsigned sK_a = smem_addr(sK), sV_a = smem_addr(sV), sP_a = smem_addr(sP), sdS_a = smem_addr(sdS);
@@ -262,25 +226,9 @@ flash_bwd_dkdv(const T* __restrict__ q, const T* __restrict__ k, const T* __rest
                 mma16816<T>(dp[2 * np + 1], av, b2, b3);
             }
         }
-        if constexpr (MASKED) {
-#pragma unroll
-            for (int nt = 0; nt < MQ / 8; ++nt) {
-#pragma unroll
-                for (int e = 0; e < 4; ++e) {
-                    const int col = m0 + qc0 + nt * 8 + 2 * t + (e & 1);  // query row
-                    const int row = e < 2 ? kv_row0 : kv_row1;           // kv row
-                    bool ok = row < seq_kv;
-                    if constexpr (WINDOW) {
-                        const int at = col + shift;
-                        ok = ok && row >= at - window_left && row <= at + window_right;
-                    }
-                    if constexpr (SEGMENTS) {
-                        ok = ok && __ldg(q_ids + (long long)b * seq_q + min(col, seq_q - 1)) == (e < 2 ? kvid0 : kvid1);
-                    }
-                    if (!ok) s[nt][e] = neg_inf();
-                }
-            }
-        }
+        if constexpr (MASKED)
+            mask_scores_t<MQ / 8, WINDOW, SEGMENTS>(s, m0 + qc0, kv_row0, seq_q, seq_kv, shift, window_left,
+                                                     window_right, q_ids + (long long)b * seq_q, kvid, t);
 #pragma unroll
         for (int nt = 0; nt < MQ / 8; ++nt) {
             const int c = qc0 + nt * 8 + 2 * t;

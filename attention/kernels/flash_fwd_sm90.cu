@@ -21,8 +21,7 @@
 //   rounded to T, are the A fragment of k-step j) and V in shared memory MN-major (rows = keys = the k
 //   dimension, 64-element blocks = head_dim).
 // The next K/V tiles stream in (cp.async, STAGES deep) while the tensor cores work on this one.
-#include "common.cuh"
-#include "wgmma.cuh"
+#include "sm90_common.cuh"
 
 using namespace attn;
 
@@ -71,22 +70,12 @@ flash_fwd_wgmma(const T* __restrict__ q, const T* __restrict__ k, const T* __res
     auto needs_mask = [&](int nb) { return tiles.needs_mask(nb); };
 
     // ---- copies into the blocked, swizzled layout; rows past the end zero-filled
-    auto load_rows = [&](unsigned dst, const T* src, long long stride, int row0, int rows_valid, auto rows_c) {
-        constexpr int ROWS = decltype(rows_c)::value;
-#pragma unroll
-        for (int it = 0; it < ROWS * CHUNKS / THREADS; ++it) {
-            const int i = it * THREADS + tid;
-            const int row = i / CHUNKS, ch = i % CHUNKS;
-            const bool ok = row0 + row < rows_valid;
-            cp_async16(dst + wgmma::blocked_offset<ROWS>(row, ch), src + (ok ? (row0 + row) * stride : 0) + ch * 8, ok);
-        }
-    };
     auto load_kv = [&](int nb, int stage) {
-        load_rows(sK + stage * KV_BYTES, kb, k_ss, nb * BLOCK_N, seq_kv, Int<BLOCK_N>{});
-        load_rows(sV + stage * KV_BYTES, vb, v_ss, nb * BLOCK_N, seq_kv, Int<BLOCK_N>{});
+        load_rows_blocked<BLOCK_N, HEAD_DIM, THREADS>(sK + stage * KV_BYTES, kb, k_ss, nb * BLOCK_N, seq_kv);
+        load_rows_blocked<BLOCK_N, HEAD_DIM, THREADS>(sV + stage * KV_BYTES, vb, v_ss, nb * BLOCK_N, seq_kv);
     };
 
-    load_rows(sQ, qb, q_ss, m0, seq_q, Int<BLOCK_M>{});
+    load_rows_blocked<BLOCK_M, HEAD_DIM, THREADS>(sQ, qb, q_ss, m0, seq_q);
     cp_async_commit();
     int load_nb = next_visible(nb_min);
     int load_stage = 0;

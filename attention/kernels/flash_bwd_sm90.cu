@@ -1,0 +1,259 @@
+// Flash attention backward dK/dV (+ dQ) kernel on Hopper warpgroup MMA (sm_90a only). The scheme of
+// flash_bwd.cu's flash_bwd_dkdv (FlashAttention-2: one CTA per KV tile walking the query tiles that see it,
+// dK/dV in registers, dQ by fp32 atomics) with every product on wgmma. The preprocess, dQ conversion and the
+// deterministic dQ kernel stay in flash_bwd.cu; layouts and arguments are those of flash_bwd_dkdv.
+//
+// Grid: (ceil(seq_kv / BLOCK_N), kv_heads, batch). Block: WGS warpgroups; warpgroup w owns kv rows
+// [64 w, 64 w + 64) of the BLOCK_N = 64 WGS tile, so every per-row quantity stays inside one warpgroup.
+//
+// Shared memory (1024-byte aligned, each tile stored as 64-element blocks of 128-byte rows with the 128-byte
+// swizzle of wgmma.cuh): K, V (BLOCK_N x HEAD_DIM), STAGES x Q and dO (BLOCK_M x HEAD_DIM) and lse2, D
+// (BLOCK_M floats) streamed by cp.async, and with DQ the dS^T tile (BLOCK_N x BLOCK_M).
+//
+// Per (q head, query tile), warpgroup w, S^T and dP^T are [64 kv rows x BLOCK_M queries]:
+//   S^T  = K_w Q^T     wgmma m64n{BLOCK_M}, K and Q both K-major (head_dim contiguous) in shared memory;
+//   dP^T = V_w dO^T    the same with V and dO;
+//   P^T  = 2^(S^T scale log2e - lse2[query]), dS^T = P^T (dP^T - D[query]) in registers (per-column lse2 and D
+//          read from shared memory);
+//   dV  += P^T dO      wgmma m64n{HEAD_DIM}, A = P^T from registers (the accumulator of columns 16 j .. 16 j + 15
+//                      is the A fragment of k-step j, as the forward's P), B = dO MN-major (rows = queries);
+//   dK  += dS^T Q      the same with dS^T and Q;
+//   DQ: dS^T (rounded to T) goes to shared memory; after a block barrier each warpgroup computes a 64 x DQ_N
+//       slice of dQ_tile = dS K (wgmma with both operands MN-major: A = dS^T [kv][query], B = K [kv][head_dim])
+//       and adds it into the fp32 accumulator with vector reductions (red.global.add.v2.f32).
+// dK (times the softmax scale) and dV, summed over the GQA group already, are written once at the end.
+#include "bwd_common.cuh"
+#include "sm90_common.cuh"
+
+using namespace attn;
+
+__device__ __forceinline__ void red_add_v2(float* addr, float a, float b) {
+    asm volatile("red.global.add.v2.f32 [%0], {%1, %2};\n" ::"l"(addr), "f"(a), "f"(b) : "memory");
+}
+
+template <typename T, int HEAD_DIM, int BLOCK_M, int WGS, int STAGES, int MASK, bool DQ>
+__global__ void __launch_bounds__(WGS * 128, 1)
+flash_bwd_dkdv_wgmma(const T* __restrict__ q, const T* __restrict__ k, const T* __restrict__ v,
+                     const T* __restrict__ dout, const float* __restrict__ lse2, const float* __restrict__ dsum,
+                     float* __restrict__ dq_accum, T* __restrict__ dk, T* __restrict__ dv,
+                     const int* __restrict__ q_ids, const int* __restrict__ kv_ids,
+                     const int2* __restrict__ q_tile_ids, const int2* __restrict__ kv_tile_ids, long long q_sb,
+                     long long q_ss, long long q_sh, long long k_sb, long long k_ss, long long k_sh, long long v_sb,
+                     long long v_ss, long long v_sh, long long do_sb, long long do_ss, long long do_sh, int seq_q,
+                     int seq_kv, int seq_pad, int heads, int kv_group, int window_left, int window_right,
+                     float scale_log2, float scale) {
+    constexpr int BLOCK_N = 64 * WGS;
+    constexpr int THREADS = 128 * WGS;
+    constexpr int MT = BLOCK_M / 8;   // 8-column (query) tiles of S^T
+    constexpr int DT = HEAD_DIM / 8;  // 8-column tiles of dK / dV
+    constexpr int DQ_ROW_BLOCKS = BLOCK_M / 64;             // 64-query row blocks of the dQ tile ...
+    constexpr int DQ_N = HEAD_DIM * DQ_ROW_BLOCKS / WGS;    // ... and the head-dim slice each warpgroup takes
+    constexpr bool WINDOW = (MASK & BWD_MASK_WINDOW) != 0;
+    constexpr bool SEGMENTS = (MASK & BWD_MASK_SEGMENTS) != 0;
+    constexpr int KV_BYTES = BLOCK_N * HEAD_DIM * 2, Q_BYTES = BLOCK_M * HEAD_DIM * 2;
+    static_assert(HEAD_DIM == 64 || HEAD_DIM == 128, "dK and dV accumulate in registers: head_dim 64 or 128");
+    static_assert(BLOCK_M == 64 || BLOCK_M == 128, "query tiles of 64 or 128 rows (a wgmma N)");
+    static_assert(WGS % DQ_ROW_BLOCKS == 0 && (DQ_N == 64 || DQ_N == 128), "dQ split over the warpgroups");
+
+    extern __shared__ __align__(1024) unsigned char smem_raw[];
+    const unsigned raw0 = smem_addr(smem_raw);
+    unsigned char* smem = smem_raw + (((raw0 + 1023) & ~1023u) - raw0);  // smem_bytes() reserves the slack
+    const unsigned sK = smem_addr(smem), sV = sK + KV_BYTES, sQ = sV + KV_BYTES, sdO = sQ + STAGES * Q_BYTES;
+    const unsigned sdS = sdO + STAGES * Q_BYTES;
+    float* sL = reinterpret_cast<float*>(smem + 2 * KV_BYTES + 2 * STAGES * Q_BYTES + (DQ ? BLOCK_N * BLOCK_M * 2 : 0));
+    float* sD = sL + STAGES * BLOCK_M;
+
+    const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, wg = warp >> 2;
+    const int g = lane >> 2, t = lane & 3;
+    const int nb = blockIdx.x, kvh = blockIdx.y, b = blockIdx.z;
+    const int kv_heads = gridDim.y;
+    const int n0 = nb * BLOCK_N;
+    const int shift = seq_kv - seq_q;
+
+    const QTileRange<BLOCK_M, BLOCK_N, WINDOW, SEGMENTS> tiles(n0, seq_q, seq_kv, window_left, window_right, q_tile_ids,
+                                                               kv_tile_ids, b, nb, gridDim.x, kv_group);
+    const int total = tiles.total;
+
+    // ---- K, V once; Q, dO, lse2, D per (head, query tile) through the ring
+    load_rows_blocked<BLOCK_N, HEAD_DIM, THREADS>(sK, k + b * k_sb + kvh * k_sh, k_ss, n0, seq_kv);
+    load_rows_blocked<BLOCK_N, HEAD_DIM, THREADS>(sV, v + b * v_sb + kvh * v_sh, v_ss, n0, seq_kv);
+    auto load_q = [&](int it, int stage) {
+        const int h = kvh * kv_group + tiles.head_in_group(it);
+        const int m0 = tiles.m_block(it) * BLOCK_M;
+        load_rows_blocked<BLOCK_M, HEAD_DIM, THREADS>(sQ + stage * Q_BYTES, q + b * q_sb + h * q_sh, q_ss, m0, seq_q);
+        load_rows_blocked<BLOCK_M, HEAD_DIM, THREADS>(sdO + stage * Q_BYTES, dout + b * do_sb + h * do_sh, do_ss, m0,
+                                                      seq_q);
+        const long long row = ((long long)b * heads + h) * seq_pad + m0;  // seq_pad >= m0 + BLOCK_M
+        for (int i = tid; i < 2 * (BLOCK_M / 4); i += THREADS) {
+            const int which = i / (BLOCK_M / 4), c = i % (BLOCK_M / 4);
+            float* dst = (which ? sD : sL) + stage * BLOCK_M + 4 * c;
+            cp_async16(smem_addr(dst), (which ? dsum : lse2) + row + 4 * c, true);
+        }
+    };
+    int load_it = tiles.next_visible(0);
+    int load_stage = 0;
+#pragma unroll
+    for (int s = 0; s < STAGES - 1; ++s) {  // the first group also holds K and V
+        if (load_it < total) {
+            load_q(load_it, load_stage);
+            load_it = tiles.next_visible(load_it + 1);
+        }
+        cp_async_commit();
+        load_stage = load_stage + 1 == STAGES ? 0 : load_stage + 1;
+    }
+
+    // kv rows of this thread: kv_row and kv_row + 8 (the accumulator rows g, g + 8 of the warp's 16)
+    const int wrow = 64 * wg + 16 * (warp & 3);
+    const int kv_row = n0 + wrow + g;
+    int kvid[2] = {0, 0};
+    if constexpr (SEGMENTS) {
+        kvid[0] = kv_ids[(long long)b * seq_kv + min(kv_row, seq_kv - 1)];
+        kvid[1] = kv_ids[(long long)b * seq_kv + min(kv_row + 8, seq_kv - 1)];
+    }
+    const unsigned k_wg = sK + wg * 64 * 128, v_wg = sV + wg * 64 * 128;  // this warpgroup's 64 rows per block
+
+    float dv_acc[DT * 4], dk_acc[DT * 4];
+#pragma unroll
+    for (int i = 0; i < DT * 4; ++i) dv_acc[i] = dk_acc[i] = 0.f;
+
+    auto tile_step = [&](int it, int stage, auto masked_c) {
+        constexpr bool MASKED = decltype(masked_c)::value;
+        const int h = kvh * kv_group + tiles.head_in_group(it);
+        const int m0 = tiles.m_block(it) * BLOCK_M;
+        const unsigned q_st = sQ + stage * Q_BYTES, do_st = sdO + stage * Q_BYTES;
+
+        // S^T and dP^T, two commit groups so that P^T is computed while dP^T is still on the tensor cores
+        float s[MT][4], dp[MT][4];
+        float(&s_flat)[MT * 4] = reinterpret_cast<float(&)[MT * 4]>(s);
+        float(&dp_flat)[MT * 4] = reinterpret_cast<float(&)[MT * 4]>(dp);
+#pragma unroll
+        for (int i = 0; i < MT * 4; ++i) s_flat[i] = dp_flat[i] = 0.f;
+        wgmma::fence();
+#pragma unroll
+        for (int kk = 0; kk < HEAD_DIM / 16; ++kk)
+            wgmma::mma_ss<T, BLOCK_M>(s_flat, wgmma::desc_k_major(k_wg + (kk >> 2) * (BLOCK_N * 128) + (kk & 3) * 32),
+                                      wgmma::desc_k_major(q_st + (kk >> 2) * (BLOCK_M * 128) + (kk & 3) * 32));
+        wgmma::commit();
+#pragma unroll
+        for (int kk = 0; kk < HEAD_DIM / 16; ++kk)
+            wgmma::mma_ss<T, BLOCK_M>(dp_flat, wgmma::desc_k_major(v_wg + (kk >> 2) * (BLOCK_N * 128) + (kk & 3) * 32),
+                                      wgmma::desc_k_major(do_st + (kk >> 2) * (BLOCK_M * 128) + (kk & 3) * 32));
+        wgmma::commit();
+        wgmma::wait<1>();
+
+        if constexpr (MASKED)
+            mask_scores_t<MT, WINDOW, SEGMENTS>(s, m0, kv_row, seq_q, seq_kv, shift, window_left, window_right,
+                                                q_ids + (long long)b * seq_q, kvid, t);
+        const float* lrow = sL + stage * BLOCK_M;
+        const float* drow = sD + stage * BLOCK_M;
+        unsigned p_pk[MT][2], ds_pk[MT][2];  // P^T, dS^T rounded to T: rows g and g + 8, columns 8 j + 2 t (+1)
+#pragma unroll
+        for (int j = 0; j < MT; ++j) {
+            const float2 l = *reinterpret_cast<const float2*>(lrow + 8 * j + 2 * t);
+            s[j][0] = exp2_approx(fmaf(s[j][0], scale_log2, -l.x));
+            s[j][1] = exp2_approx(fmaf(s[j][1], scale_log2, -l.y));
+            s[j][2] = exp2_approx(fmaf(s[j][2], scale_log2, -l.x));
+            s[j][3] = exp2_approx(fmaf(s[j][3], scale_log2, -l.y));
+            p_pk[j][0] = pack2<T>(s[j][0], s[j][1]);
+            p_pk[j][1] = pack2<T>(s[j][2], s[j][3]);
+        }
+        wgmma::wait<0>();
+#pragma unroll
+        for (int j = 0; j < MT; ++j) {
+            const float2 d = *reinterpret_cast<const float2*>(drow + 8 * j + 2 * t);
+            ds_pk[j][0] = pack2<T>(s[j][0] * (dp[j][0] - d.x), s[j][1] * (dp[j][1] - d.y));
+            ds_pk[j][1] = pack2<T>(s[j][2] * (dp[j][2] - d.x), s[j][3] * (dp[j][3] - d.y));
+        }
+
+        // dV += P^T dO, dK += dS^T Q (k = the query dimension, 16 per step)
+        wgmma::fence();
+#pragma unroll
+        for (int kq = 0; kq < BLOCK_M / 16; ++kq) {
+            const unsigned a[4] = {p_pk[2 * kq][0], p_pk[2 * kq][1], p_pk[2 * kq + 1][0], p_pk[2 * kq + 1][1]};
+            wgmma::mma_rs_bt<T, HEAD_DIM>(dv_acc, a, wgmma::desc_mn_major(do_st + kq * 16 * 128, BLOCK_M * 128));
+        }
+#pragma unroll
+        for (int kq = 0; kq < BLOCK_M / 16; ++kq) {
+            const unsigned a[4] = {ds_pk[2 * kq][0], ds_pk[2 * kq][1], ds_pk[2 * kq + 1][0], ds_pk[2 * kq + 1][1]};
+            wgmma::mma_rs_bt<T, HEAD_DIM>(dk_acc, a, wgmma::desc_mn_major(q_st + kq * 16 * 128, BLOCK_M * 128));
+        }
+        wgmma::commit();
+
+        if constexpr (DQ) {
+            // dS^T -> shared memory ([kv][query], blocked and swizzled like the other tiles)
+            unsigned char* ds_base = smem + (sdS - sK);
+#pragma unroll
+            for (int j = 0; j < MT; ++j) {
+                *reinterpret_cast<unsigned*>(ds_base + wgmma::blocked_offset<BLOCK_N>(wrow + g, j) + 4 * t) = ds_pk[j][0];
+                *reinterpret_cast<unsigned*>(ds_base + wgmma::blocked_offset<BLOCK_N>(wrow + g + 8, j) + 4 * t) =
+                    ds_pk[j][1];
+            }
+            wgmma::fence_proxy_async();
+            __syncthreads();  // all of dS^T is in place
+
+            // dQ slice: query rows [64 rw, +64) of the tile, head-dim columns [DQ_N cw, +DQ_N); k = kv rows
+            const int rw = wg % DQ_ROW_BLOCKS, cw = wg / DQ_ROW_BLOCKS;
+            float dq[DQ_N / 2];
+#pragma unroll
+            for (int i = 0; i < DQ_N / 2; ++i) dq[i] = 0.f;
+            wgmma::fence();
+#pragma unroll
+            for (int kn = 0; kn < BLOCK_N / 16; ++kn)
+                wgmma::mma_ss_tt<T, DQ_N>(
+                    dq, wgmma::desc_mn_major(sdS + rw * (BLOCK_N * 128) + kn * 16 * 128, BLOCK_N * 128),
+                    wgmma::desc_mn_major(sK + (cw * DQ_N / 64) * (BLOCK_N * 128) + kn * 16 * 128, BLOCK_N * 128));
+            wgmma::commit();
+            wgmma::wait<0>();
+
+            const int r0 = m0 + 64 * rw + 16 * (warp & 3) + g;
+            float* base = dq_accum + (((long long)b * seq_q + r0) * heads + h) * HEAD_DIM + cw * DQ_N + 2 * t;
+            const long long step8 = 8LL * heads * HEAD_DIM;
+#pragma unroll
+            for (int j = 0; j < DQ_N / 8; ++j) {
+                if (r0 < seq_q) red_add_v2(base + 8 * j, dq[4 * j], dq[4 * j + 1]);
+                if (r0 + 8 < seq_q) red_add_v2(base + step8 + 8 * j, dq[4 * j + 2], dq[4 * j + 3]);
+            }
+        } else {
+            wgmma::wait<0>();
+        }
+    };
+
+    int it = tiles.next_visible(0);
+    int stage = 0;
+    while (it < total) {
+        cp_async_wait<STAGES - 2>();
+        wgmma::fence_proxy_async();  // cp.async wrote through the generic proxy; wgmma reads the async one
+        __syncthreads();  // tile `it` landed for all; every warpgroup is done with the stage refilled next and dS^T
+        if (load_it < total) {
+            load_q(load_it, load_stage);
+            load_it = tiles.next_visible(load_it + 1);
+        }
+        cp_async_commit();
+        load_stage = load_stage + 1 == STAGES ? 0 : load_stage + 1;
+
+        if (tiles.needs_mask(tiles.m_block(it)))
+            tile_step(it, stage, Bool<true>{});
+        else
+            tile_step(it, stage, Bool<false>{});
+        it = tiles.next_visible(it + 1);
+        stage = stage + 1 == STAGES ? 0 : stage + 1;
+    }
+    cp_async_wait<0>();
+
+    // ---- dK (times the softmax scale) and dV, summed over the group already, straight from registers
+    T* dv_row = dv + (((long long)b * seq_kv + kv_row) * kv_heads + kvh) * HEAD_DIM + 2 * t;
+    T* dk_row = dk + (((long long)b * seq_kv + kv_row) * kv_heads + kvh) * HEAD_DIM + 2 * t;
+    const long long step8 = 8LL * kv_heads * HEAD_DIM;
+#pragma unroll
+    for (int j = 0; j < DT; ++j) {
+        if (kv_row < seq_kv) {
+            *reinterpret_cast<unsigned*>(dv_row + 8 * j) = pack2<T>(dv_acc[4 * j], dv_acc[4 * j + 1]);
+            *reinterpret_cast<unsigned*>(dk_row + 8 * j) = pack2<T>(dk_acc[4 * j] * scale, dk_acc[4 * j + 1] * scale);
+        }
+        if (kv_row + 8 < seq_kv) {
+            *reinterpret_cast<unsigned*>(dv_row + step8 + 8 * j) = pack2<T>(dv_acc[4 * j + 2], dv_acc[4 * j + 3]);
+            *reinterpret_cast<unsigned*>(dk_row + step8 + 8 * j) =
+                pack2<T>(dk_acc[4 * j + 2] * scale, dk_acc[4 * j + 3] * scale);
+        }
+    }
+}
