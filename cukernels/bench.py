@@ -10,11 +10,13 @@ Within a case every implementation is timed the same way: device time with the s
 all of them enqueue without waiting for the device, otherwise all of them unheld (host time included), so a
 baseline that synchronises is never set against our device time alone. ``Result.clocks["held"]`` records it.
 
-Host time drifts over seconds, so a row timed with host time is timed in ``host_rounds`` rounds spread over the
-run: the first where its case comes, the others in sweeps over those rows after the last case (fresh inputs from
-the same seed, checked again after each round). ``timing.pool`` joins them; the row states the larger of its
-samples' spread and its round medians' spread as its noise (``rel_noise``; ``round_medians_ms`` and
-``round_noise`` keep the parts), which is what ``cukernels.compare`` sets a rerun against.
+Host time drifts over seconds (and a small kernel's time between allocations of its inputs), which one burst of
+samples cannot see. So a row timed with host time, and a row whose samples did not reach their noise target, is
+timed in ``rounds`` rounds spread over the run: the first where its case comes, the others in sweeps over those
+rows after the last case (fresh inputs from the same seed, the same held or unheld timing, checked again after
+each round). ``timing.pool`` joins them; the row states the larger of its samples' spread and its round medians'
+spread as its noise (``rel_noise``; ``round_medians_ms`` and ``round_noise`` keep the parts), which is what
+``cukernels.compare`` sets a rerun against.
 """
 from __future__ import annotations
 
@@ -157,7 +159,7 @@ def _progress(msg: str, stream) -> None:
         print(f"\r\033[K{msg}", end="", file=stream, flush=True)
 
 
-HOST_ROUNDS = 5  # rounds of a row timed with host time, spread over the run
+ROUNDS = 5  # rounds of a row timed with host time or left unsettled by its first round, spread over the run
 _ROUND_MIN_SAMPLES = 5  # per round, when a row is timed in rounds (10 in one round otherwise)
 
 
@@ -185,6 +187,11 @@ class _Timed:
     def host_time(self) -> bool:
         return self.rounds[0].clocks.get("held") is False
 
+    @property
+    def unsettled(self) -> bool:
+        """Timed with host time, or its first round ended above the noise target: it needs more rounds."""
+        return self.host_time or not self.rounds[0].converged
+
 
 def run(
     op: Op,
@@ -194,16 +201,16 @@ def run(
     seed: int = 0,
     budget_ms: float = 400.0,
     rel_noise_target: float = 0.01,
-    host_rounds: int = HOST_ROUNDS,
+    rounds: int = ROUNDS,
     plan_of: Callable[[Case], str | None] = lambda case: None,
     progress=sys.stderr,
 ) -> list[Result]:
     """Check and time every implementation on every case; returns one ``Result`` per pair."""
-    if host_rounds < 1:
-        raise ValueError(f"host_rounds must be at least 1, got {host_rounds}")
+    if rounds < 1:
+        raise ValueError(f"rounds must be at least 1, got {rounds}")
     spec = _device.current()
     rows: list[Result | _Timed] = []
-    revisit: list[tuple[int, Case, list[_Timed]]] = []  # cases with rows timed with host time
+    revisit: list[tuple[int, Case, list[_Timed]]] = []  # cases with rows that need more rounds
     total = len(cases) * len(impls)
     t0 = time.perf_counter()
     timer = dict(rel_noise_target=rel_noise_target)
@@ -231,23 +238,24 @@ def run(
             else:
                 ready.append(outcome)
         hold = all(_timing.can_hold(fn) for _, fn in ready)
-        rounds = 1 if hold else host_rounds
-        first = dict(timer, hold=hold, budget_ms=budget_ms / rounds,
-                     min_samples=10 if rounds == 1 else _ROUND_MIN_SAMPLES)
+        if hold or rounds == 1:  # the whole budget; more rounds later if the samples do not settle
+            first = dict(timer, hold=hold, budget_ms=budget_ms, min_samples=10)
+        else:  # a host-time case needs every round: this one gets its share of the budget
+            first = dict(timer, hold=False, budget_ms=budget_ms / rounds, min_samples=_ROUND_MIN_SAMPLES)
         for timed, fn in ready:
             _progress(f"[{time.perf_counter() - t0:.0f}s] timing {case.name} / {timed.impl.name}", progress)
             rows.append(timed)
             try:
-                _time_round(op, case, timed, fn, reference, host_rounds, **first)
+                _time_round(op, case, timed, fn, reference, rounds, **first)
                 timed.peak_memory_bytes = peak_memory(fn)
             except Exception as exc:
                 timed.error = _error(timed.base, exc)
-        again = [t for t, _ in ready if t.error is None and t.host_time]
-        if again and host_rounds > 1:
+        again = [t for t, _ in ready if t.error is None and t.unsettled]
+        if again and rounds > 1:
             revisit.append((ci, case, again))
 
-    later = dict(timer, hold=False, budget_ms=budget_ms / host_rounds, min_samples=_ROUND_MIN_SAMPLES)
-    for r in range(2, host_rounds + 1):
+    later = dict(timer, budget_ms=budget_ms / rounds, min_samples=_ROUND_MIN_SAMPLES)
+    for r in range(2, rounds + 1):
         for ci, case, timed_rows in revisit:
             live = [t for t in timed_rows if t.error is None]
             inputs = reference = ready = None  # the last inputs go before the pool is emptied
@@ -260,10 +268,11 @@ def run(
                     t.error = _error(t.base, exc)
                 continue
             for t in live:
-                _progress(f"[{time.perf_counter() - t0:.0f}s] round {r}/{host_rounds} {case.name} / {t.impl.name}",
+                _progress(f"[{time.perf_counter() - t0:.0f}s] round {r}/{rounds} {case.name} / {t.impl.name}",
                           progress)
                 try:
-                    _time_round(op, case, t, t.impl.prepare(case, inputs), reference, host_rounds, **later)
+                    _time_round(op, case, t, t.impl.prepare(case, inputs), reference, rounds, hold=not t.host_time,
+                                **later)
                 except Exception as exc:
                     t.error = _error(t.base, exc)
     _progress("", progress)
@@ -290,11 +299,11 @@ def _check_first(op, case, impl, inputs, reference, base, plan_of):
     return _Timed(case=case, impl=impl, base=base, checks=checks, plan=plan), fn
 
 
-def _time_round(op, case, timed: _Timed, fn, reference, host_rounds: int, **timer) -> None:
+def _time_round(op, case, timed: _Timed, fn, reference, rounds: int, **timer) -> None:
     """One round of timing, then the check of the timed runs' output (they must still be right)."""
     timed.rounds.append(_timing.benchmark(fn, **timer))
     again = op.check(case, fn(), reference)
-    label = " (after timing)" if len(timed.rounds) == 1 else f" (after round {len(timed.rounds)}/{host_rounds})"
+    label = " (after timing)" if len(timed.rounds) == 1 else f" (after round {len(timed.rounds)}/{rounds})"
     timed.checks += [dict(dataclasses.asdict(c), name=c.name + label) for c in again]
     if not timed.failed and not all(c.passed for c in again):
         timed.failed = label.strip(" ()") + ": " + "; ".join(str(c) for c in again if not c.passed)

@@ -57,9 +57,9 @@ def parser_for(ob: OpBench) -> argparse.ArgumentParser:
     p.add_argument("--markdown", metavar="PATH", help="write a markdown report")
     p.add_argument("--plot", metavar="DIR", help="write PNG plots (needs matplotlib)")
     p.add_argument("--budget-ms", type=float, default=300.0, help="timing budget per implementation and case")
-    p.add_argument("--host-rounds", type=int, default=bench.HOST_ROUNDS,
-                   help="rounds, spread over the run, of a row timed with host time; its noise includes the spread "
-                        "of their medians (default %(default)s)")
+    p.add_argument("--rounds", type=int, default=bench.ROUNDS,
+                   help="rounds, spread over the run, of a row timed with host time or unsettled by its first round; "
+                        "its noise includes the spread of their medians (default %(default)s)")
     p.add_argument("--seed", type=int, default=0, help="random seed of the inputs")
     ob.add_arguments(p)
     return p
@@ -162,11 +162,11 @@ def main(ob: OpBench, argv: Sequence[str] | None = None) -> int:
     spec = device.current()
     table = score.select_table(spec, args.expected)
     t0 = time.perf_counter()
-    if args.host_rounds < 1:
-        print(f"error: --host-rounds {args.host_rounds}: needs at least 1", file=sys.stderr)
+    if args.rounds < 1:
+        print(f"error: --rounds {args.rounds}: needs at least 1", file=sys.stderr)
         return 2
     results = bench.run(ob.op(args), cases, impls, seed=args.seed, budget_ms=args.budget_ms,
-                        host_rounds=args.host_rounds, plan_of=ob.plan_of)
+                        rounds=args.rounds, plan_of=ob.plan_of)
     env = environment.collect()
     by_name = {c.name: c for c in cases}
     extra = score_rows(ob, results, spec, by_name, table)

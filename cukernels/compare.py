@@ -4,11 +4,12 @@ Rows are matched by (case, implementation); for each pair measured OK in both, t
 medians is set against the noise both runs stated (``rel_noise``), with a floor for run-to-run drift of clocks
 and power (default 2 %). A row agrees when ``|b - a| / a <= max(noise_a + noise_b, floor)``.
 
-The stated noise of a device-time row is half its p20-p80 spread over the median. A row timed with host time
-("host-incl": an implementation of its case synchronises the host) also moves between moments of a run and
-between processes; the bench times it in rounds spread over the run and states the larger of its samples'
-spread and half the range of its round medians (cukernels/bench.py), so a rerun is judged against what the run
-itself saw of that drift. The table's ``timed`` column says which kind each row is.
+The stated noise of a row timed in one round is half its p20-p80 spread over the median. A row timed with host
+time ("host-incl": an implementation of its case synchronises the host), or one whose samples did not settle in
+one round, also moves between moments of a run and between processes; the bench times it in rounds spread over
+the run and states the larger of its samples' spread and half the range of its round medians
+(cukernels/bench.py), so a rerun is judged against what the run itself saw of that drift. The ``timed`` column
+says how each row of A was timed.
 """
 from __future__ import annotations
 
@@ -35,10 +36,9 @@ def compare(a: dict, b: dict, *, floor: float = 0.02) -> list[dict]:
 
 
 def _timed(row: dict) -> str:
-    if row.get("clocks", {}).get("held") is not False:
-        return "device"
+    kind = "host-incl" if row.get("clocks", {}).get("held") is False else "device"
     rounds = len(row.get("round_medians_ms") or [])
-    return f"host-incl, {rounds} rounds" if rounds > 1 else "host-incl"
+    return f"{kind}, {rounds} rounds" if rounds > 1 else kind
 
 
 def main(argv=None) -> int:

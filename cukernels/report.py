@@ -176,14 +176,15 @@ def markdown(results: Sequence[Result], scores: Sequence[dict], env: dict, path:
     lines.append("- Times are device time (the stream is held until the work is enqueued) except in cases where an "
                  "implementation synchronises the host; there every implementation includes host time "
                  f"(\"host-incl\"): {', '.join(unheld) or 'none'}.")
-    lines.append(f"- Relative noise (half the p20–p80 spread over the median): median over rows "
-                 f"{100 * _median([r.rel_noise or 0 for r in ok]):.1f}%; {len(noisy)} rows above 2%.")
+    lines.append(f"- Relative noise (half the p20–p80 spread over the median; rows timed in rounds: below): "
+                 f"median over rows {100 * _median([r.rel_noise or 0 for r in ok]):.1f}%; {len(noisy)} rows above 2%.")
     pooled = [r for r in ok if r.round_medians_ms]
     if pooled:
         worst = max(pooled, key=lambda r: r.round_noise or 0)
-        lines.append(f"- Host-incl rows were timed in {len(worst.round_medians_ms)} rounds spread over the run; "
-                     "their noise is the larger of the samples' spread and half the range of the round medians over "
-                     f"the median (widest: {worst.case} / {worst.impl}, rounds "
+        lines.append(f"- {len(pooled)} rows (host-incl, or unsettled by one round) were timed in "
+                     f"{len(worst.round_medians_ms)} rounds spread over the run; their noise is the larger of the "
+                     "samples' spread and half the range of the round medians over the median (widest: "
+                     f"{worst.case} / {worst.impl}, rounds "
                      f"{', '.join(f'{m:.4f}' for m in worst.round_medians_ms)} ms, ±{100 * worst.round_noise:.1f}%).")
     if clocks:
         lines.append(f"- SM clock during timing: {min(c['sm_clock_min_mhz'] for c in clocks)}–"

@@ -79,18 +79,20 @@ def test_markdown_report_renders(tmp_path):
     assert "NVIDIA H200" in text and "1.20 (torch-flash)" in text and "Throttle reasons seen: none" in text
 
 
-def test_host_time_rows_are_timed_in_rounds_spread_over_the_run(monkeypatch):
-    """bench.run with the GPU parts stubbed: device-time cases are timed once; host-time cases once where they
-    come and again in sweeps after the last case, re-prepared and checked after every round."""
+def test_unsettled_rows_are_timed_in_rounds_spread_over_the_run(monkeypatch):
+    """bench.run with the GPU parts stubbed: a settled device-time row is timed once; a host-time row, and a
+    device-time row whose first round did not reach the noise target, are timed where their case comes and again
+    in sweeps after the last case, re-prepared from the case's seed and checked after every round."""
     from cukernels import checks, timing
 
     calls = []
 
     def benchmark(fn, *, hold, budget_ms, min_samples, rel_noise_target):
         calls.append((fn.case, fn.impl, hold, budget_ms, min_samples))
-        rounds_so_far = sum(c[:2] == (fn.case, fn.impl) for c in calls)
-        ms = 1.0 if hold else 0.1 * (1.2 if rounds_so_far == 2 else 1.0)  # the host drifts in round 2
-        return timing.summarize([ms] * min_samples, clocks={"held": hold})
+        nth = sum(c[:2] == (fn.case, fn.impl) for c in calls)
+        ms = 1.0 if hold else 0.1 * (1.2 if nth == 2 else 1.0)  # the host drifts in round 2
+        settled = not (fn.impl == "jittery" and nth == 1)
+        return timing.summarize([ms] * min_samples, converged=settled, clocks={"held": hold})
 
     monkeypatch.setattr(bench._device, "current", lambda: device.profile("h200"))
     monkeypatch.setattr(bench._timing, "benchmark", benchmark)
@@ -118,20 +120,23 @@ def test_host_time_rows_are_timed_in_rounds_spread_over_the_run(monkeypatch):
 
     op = bench.Op(name="t", make_inputs=lambda case, seed: seed, reference=lambda case, inputs: None, check=check)
     cases = [bench.Case(name=n, params={"host": host}) for n, host in (("dev", False), ("h1", True), ("h2", True))]
-    impls = [impl("ours"), impl("torch", syncs=True), impl("flaky", bad_from=3)]
-    results = bench.run(op, cases, impls, budget_ms=300, host_rounds=3, progress=None)
+    impls = [impl("ours"), impl("torch", syncs=True), impl("flaky", bad_from=3), impl("jittery")]
+    results = bench.run(op, cases, impls, budget_ms=300, rounds=3, progress=None)
 
     assert [(r.case, r.impl) for r in results] == [(c.name, i.name) for c in cases for i in impls]
-    host_order = [(c, i) for c in ("h1", "h2") for i in ("ours", "torch", "flaky")]
-    assert [c[:2] for c in calls] == [("dev", i) for i in ("ours", "torch", "flaky")] + host_order * 3
-    assert {c[2:] for c in calls if c[0] == "dev"} == {(True, 300, 10)}  # device time: one round, whole budget
-    assert {c[2:] for c in calls if c[0] != "dev"} == {(False, 100, 5)}  # host time: a third of it per round
-    # later rounds start from fresh inputs of the case's own seed
-    assert {p[2] for p in prepared if p[0] == "h2"} == {2}
+    names = [i.name for i in impls]
+    sweep = [("dev", "jittery")] + [(c, i) for c in ("h1", "h2") for i in names]
+    assert [c[:2] for c in calls] == [("dev", i) for i in names] + [(c, i) for c in ("h1", "h2") for i in names] \
+        + sweep * 2
+    # device time: one round with the whole budget; later rounds of an unsettled one stay held, with a share
+    assert {c[2:] for c in calls if c[0] == "dev"} == {(True, 300, 10), (True, 100, 5)}
+    assert {c[2:] for c in calls if c[0] != "dev"} == {(False, 100, 5)}  # host time: a third per round
+    assert {p[2] for p in prepared if p[0] == "h2"} == {2}  # later rounds start from the case's own seed
 
     by = {(r.case, r.impl): r for r in results}
-    dev, host = by["dev", "ours"], by["h1", "ours"]
+    dev, host, jittery = by["dev", "ours"], by["h1", "ours"], by["dev", "jittery"]
     assert dev.round_medians_ms == [] and dev.round_noise is None and dev.rel_noise == 0.0
+    assert jittery.round_medians_ms == [1.0, 1.0, 1.0] and jittery.clocks["held"] and jittery.samples == 20
     assert host.round_medians_ms == pytest.approx([0.1, 0.12, 0.1]) and host.samples == 15
     assert host.round_noise == pytest.approx(0.1) and host.rel_noise == pytest.approx(0.1)
     assert host.clocks["held"] is False and len(host.checks) == 4  # before timing, after each of 3 rounds
