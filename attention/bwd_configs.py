@@ -107,7 +107,9 @@ class BwdWgmmaConfig(BwdConfig):
     """The Hopper dK/dV kernel (kernels/flash_bwd_sm90.cu, ``flash_bwd_dkdv_wgmma``, sm_90a only): ``warpgroups``
     x 64 KV rows per CTA (``block_n``), query tiles of ``block_m`` rows, every product on wgmma, dQ by fp32
     vector reductions. Deterministic mode pairs its atomics-free instance with flash_bwd.cu's dQ kernel
-    (``dq_block_m`` / ``dq_block_n``). Head dims 64 and 128 (dK and dV accumulate in registers)."""
+    (``dq_block_m`` / ``dq_block_n``). Head dims 64 and 128: each warpgroup owns 64 KV rows. Head dim 256
+    (``flash_bwd_dkdv_wgmma_pair``): two warpgroups share one 64-row KV tile, one computing S^T and the other
+    dP^T, each accumulating half of the head dim of dK and dV (block_n = 64, block_m = 64)."""
 
     block_n: int = -1  # derived: 64 x warpgroups
     warps: int = -1  # derived: 4 x warpgroups
@@ -116,17 +118,22 @@ class BwdWgmmaConfig(BwdConfig):
     source = "flash_bwd_sm90.cu"
     needs_arch = "sm_90a"  # wgmma: the planner (tiling.fits) offers this tile on Hopper alone
 
+    @property
+    def pair(self) -> bool:
+        """Head dim 256: the two warpgroups share one KV tile (flash_bwd_dkdv_wgmma_pair)."""
+        return self.head_dim == 256
+
     def __post_init__(self):
-        if self.head_dim not in (64, 128):
-            raise ValueError(f"head_dim must be 64 or 128 for the wgmma backward, got {self.head_dim}")
-        if self.block_m not in (64, 128):
-            raise ValueError(f"block_m must be 64 or 128 (a wgmma N), got {self.block_m}")
-        if self.warpgroups not in (1, 2):
-            raise ValueError(f"warpgroups must be 1 or 2, got {self.warpgroups}")
-        object.__setattr__(self, "block_n", 64 * self.warpgroups)
+        if self.head_dim not in HEAD_DIMS:
+            raise ValueError(f"head_dim must be one of {HEAD_DIMS}, got {self.head_dim}")
+        if self.block_m not in (64, 128) or (self.pair and self.block_m != 64):
+            raise ValueError(f"block_m must be 64 or 128 (a wgmma N; 64 at head dim 256), got {self.block_m}")
+        if self.warpgroups not in (1, 2) or (self.pair and self.warpgroups != 2):
+            raise ValueError(f"warpgroups must be 1 or 2 (2 at head dim 256), got {self.warpgroups}")
+        object.__setattr__(self, "block_n", 64 if self.pair else 64 * self.warpgroups)
         object.__setattr__(self, "warps", 4 * self.warpgroups)
         dq_n = self.head_dim * (self.block_m // 64) // self.warpgroups
-        if self.warpgroups % (self.block_m // 64) or dq_n not in (64, 128):
+        if not self.pair and (self.warpgroups % (self.block_m // 64) or dq_n not in (64, 128)):
             raise ValueError(f"{self}: the dQ tile ({self.block_m} x {self.head_dim}) does not split into one "
                              f"64 x 64/128 slice per warpgroup")
         if self.stages not in (2, 3):
@@ -137,16 +144,20 @@ class BwdWgmmaConfig(BwdConfig):
 
     def dkdv_smem_bytes(self) -> int:
         d, m, n, s = self.head_dim, self.block_m, self.block_n, self.stages
-        # K, V, the Q/dO ring, dS^T; lse2, D; 1 KiB to align the tiles to the 1024-byte swizzle atom
-        return 2 * (2 * n * d + 2 * s * m * d + n * m) + 2 * 4 * s * m + 1024
+        # K, V, the Q/dO ring, dS^T; lse2, D; 1 KiB to align the tiles to the 1024-byte swizzle atom; the pair
+        # kernel's fp32 P^T hand-off
+        return 2 * (2 * n * d + 2 * s * m * d + n * m) + 2 * 4 * s * m + 1024 + (4 * n * m if self.pair else 0)
 
     def name_expression(self, *, dtype, mask: int = 0, kernel: str = "dkdv", dq: bool = True) -> str:
         if kernel != "dkdv":
             return super().name_expression(dtype=dtype, mask=mask, kernel=kernel, dq=dq)
         if mask not in MASK_KINDS:
             raise ValueError(f"mask must be one of {MASK_KINDS}, got {mask}")
-        return (f"flash_bwd_dkdv_wgmma<{dtypes.ctype(dtype)},{self.head_dim},{self.block_m},{self.warpgroups},"
-                f"{self.stages},{mask},{'true' if dq else 'false'}>")
+        t, flag = dtypes.ctype(dtype), "true" if dq else "false"
+        if self.pair:
+            return f"flash_bwd_dkdv_wgmma_pair<{t},{self.head_dim},{self.block_m},{self.stages},{mask},{flag}>"
+        return (f"flash_bwd_dkdv_wgmma<{t},{self.head_dim},{self.block_m},{self.warpgroups},{self.stages},{mask},"
+                f"{flag}>")
 
     def __str__(self) -> str:
         return (f"BwdWgmmaConfig(d{self.head_dim} m{self.block_m} n{self.block_n} wg{self.warpgroups} "
@@ -165,12 +176,12 @@ _CANDIDATES = {
 }
 
 
-# Hopper (sm_90a): (block_m, warpgroups, stages, dq_block_m, dq_block_n) of the wgmma dK/dV kernel, before
-# the mma.sync tiles. Head dim 256 has none (256 dK + dV accumulators per thread do not fit the registers).
+# Hopper (sm_90a): (block_m, warpgroups, stages, dq_block_m, dq_block_n) of the wgmma dK/dV kernels, before
+# the mma.sync tiles (head dim 256: the pair kernel, 64 x 64 tiles).
 _WGMMA_CANDIDATES = {
     64: ((128, 2, 2, 64, 64),),
     128: ((64, 2, 2, 64, 64),),
-    256: (),
+    256: ((64, 2, 2, 64, 32),),
 }
 
 

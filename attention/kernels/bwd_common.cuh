@@ -58,6 +58,15 @@ __device__ __forceinline__ float2 unpack2(unsigned u) {
 
 __device__ __forceinline__ float pos_inf() { return __int_as_float(0x7f800000); }
 
+// The (KV tile, kv head) of this dK/dV CTA, grid (KV tiles, kv heads, batch): consecutive CTAs walk the kv
+// heads before the KV tiles, so under a causal mask the heaviest CTAs (tile 0 sees every query tile) start in
+// the first wave for every head instead of one head's light tiles filling it (longest job first).
+__device__ __forceinline__ void kv_block_coords(int& nb, int& kvh) {
+    const int lin = blockIdx.y * gridDim.x + blockIdx.x;
+    nb = lin / gridDim.y;
+    kvh = lin % gridDim.y;
+}
+
 constexpr int BWD_MASK_WINDOW = 1;  // same bits as the forward's MASK_WINDOW / MASK_SEGMENTS
 constexpr int BWD_MASK_SEGMENTS = 2;
 

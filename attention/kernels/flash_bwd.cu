@@ -135,7 +135,9 @@ flash_bwd_dkdv(const T* __restrict__ q, const T* __restrict__ k, const T* __rest
     const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
     const int g = lane >> 2, t = lane & 3;
     const int wr = warp % WN, wc = warp / WN;
-    const int nb = blockIdx.x, kvh = blockIdx.y, b = blockIdx.z;
+    const int b = blockIdx.z;
+    int nb, kvh;
+    kv_block_coords(nb, kvh);
     const int kv_heads = gridDim.y;
     const int n0 = nb * BLOCK_N;
     const int shift = seq_kv - seq_q;

@@ -31,6 +31,39 @@ __device__ __forceinline__ void red_add_v2(float* addr, float a, float b) {
     asm volatile("red.global.add.v2.f32 [%0], {%1, %2};\n" ::"l"(addr), "f"(a), "f"(b) : "memory");
 }
 
+// One (q head, query tile) step's inputs into a ring stage: Q and dO rows [m0, m0 + BLOCK_M) (blocked, swizzled;
+// rows past seq_q zero-filled) and the BLOCK_M lse2 / D values (padded arrays: always in bounds).
+template <int BLOCK_M, int HEAD_DIM, int THREADS, typename T>
+__device__ __forceinline__ void load_q_step(unsigned sq, unsigned sdo, float* sl, float* sd, const T* qh, long long q_ss,
+                                            const T* doh, long long do_ss, int m0, int seq_q, const float* lse2_row,
+                                            const float* dsum_row) {
+    load_rows_blocked<BLOCK_M, HEAD_DIM, THREADS>(sq, qh, q_ss, m0, seq_q);
+    load_rows_blocked<BLOCK_M, HEAD_DIM, THREADS>(sdo, doh, do_ss, m0, seq_q);
+    for (int i = threadIdx.x; i < 2 * (BLOCK_M / 4); i += THREADS) {
+        const int which = i / (BLOCK_M / 4), c = i % (BLOCK_M / 4);
+        cp_async16(smem_addr((which ? sd : sl) + 4 * c), (which ? dsum_row : lse2_row) + 4 * c, true);
+    }
+}
+
+// dV and dK * scale (accumulators of NT 8-column tiles, rows kv_row and kv_row + 8, columns 8 j + 2 t (+1)
+// from the given row pointers) rounded to T; rows past seq_kv are not written.
+template <typename T, int NT>
+__device__ __forceinline__ void store_dkdv(const float (&dv_acc)[NT * 4], const float (&dk_acc)[NT * 4], T* dv_row,
+                                           T* dk_row, long long step8, int kv_row, int seq_kv, float scale) {
+#pragma unroll
+    for (int j = 0; j < NT; ++j) {
+#pragma unroll
+        for (int h = 0; h < 2; ++h) {
+            if (kv_row + 8 * h < seq_kv) {
+                *reinterpret_cast<unsigned*>(dv_row + h * step8 + 8 * j) =
+                    pack2<T>(dv_acc[4 * j + 2 * h], dv_acc[4 * j + 2 * h + 1]);
+                *reinterpret_cast<unsigned*>(dk_row + h * step8 + 8 * j) =
+                    pack2<T>(dk_acc[4 * j + 2 * h] * scale, dk_acc[4 * j + 2 * h + 1] * scale);
+            }
+        }
+    }
+}
+
 template <typename T, int HEAD_DIM, int BLOCK_M, int WGS, int STAGES, int MASK, bool DQ>
 __global__ void __launch_bounds__(WGS * 128, 1)
 flash_bwd_dkdv_wgmma(const T* __restrict__ q, const T* __restrict__ k, const T* __restrict__ v,
@@ -65,7 +98,9 @@ flash_bwd_dkdv_wgmma(const T* __restrict__ q, const T* __restrict__ k, const T* 
 
     const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, wg = warp >> 2;
     const int g = lane >> 2, t = lane & 3;
-    const int nb = blockIdx.x, kvh = blockIdx.y, b = blockIdx.z;
+    const int b = blockIdx.z;
+    int nb, kvh;
+    kv_block_coords(nb, kvh);
     const int kv_heads = gridDim.y;
     const int n0 = nb * BLOCK_N;
     const int shift = seq_kv - seq_q;
@@ -80,15 +115,11 @@ flash_bwd_dkdv_wgmma(const T* __restrict__ q, const T* __restrict__ k, const T* 
     auto load_q = [&](int it, int stage) {
         const int h = kvh * kv_group + tiles.head_in_group(it);
         const int m0 = tiles.m_block(it) * BLOCK_M;
-        load_rows_blocked<BLOCK_M, HEAD_DIM, THREADS>(sQ + stage * Q_BYTES, q + b * q_sb + h * q_sh, q_ss, m0, seq_q);
-        load_rows_blocked<BLOCK_M, HEAD_DIM, THREADS>(sdO + stage * Q_BYTES, dout + b * do_sb + h * do_sh, do_ss, m0,
-                                                      seq_q);
-        const long long row = ((long long)b * heads + h) * seq_pad + m0;  // seq_pad >= m0 + BLOCK_M
-        for (int i = tid; i < 2 * (BLOCK_M / 4); i += THREADS) {
-            const int which = i / (BLOCK_M / 4), c = i % (BLOCK_M / 4);
-            float* dst = (which ? sD : sL) + stage * BLOCK_M + 4 * c;
-            cp_async16(smem_addr(dst), (which ? dsum : lse2) + row + 4 * c, true);
-        }
+        load_q_step<BLOCK_M, HEAD_DIM, THREADS>(sQ + stage * Q_BYTES, sdO + stage * Q_BYTES, sL + stage * BLOCK_M,
+                                                sD + stage * BLOCK_M, q + b * q_sb + h * q_sh, q_ss,
+                                                dout + b * do_sb + h * do_sh, do_ss, m0, seq_q,
+                                                lse2 + ((long long)b * heads + h) * seq_pad + m0,
+                                                dsum + ((long long)b * heads + h) * seq_pad + m0);
     };
     int load_it = tiles.next_visible(0);
     int load_stage = 0;
@@ -241,19 +272,235 @@ flash_bwd_dkdv_wgmma(const T* __restrict__ q, const T* __restrict__ k, const T* 
     cp_async_wait<0>();
 
     // ---- dK (times the softmax scale) and dV, summed over the group already, straight from registers
-    T* dv_row = dv + (((long long)b * seq_kv + kv_row) * kv_heads + kvh) * HEAD_DIM + 2 * t;
-    T* dk_row = dk + (((long long)b * seq_kv + kv_row) * kv_heads + kvh) * HEAD_DIM + 2 * t;
-    const long long step8 = 8LL * kv_heads * HEAD_DIM;
+    const long long out = (((long long)b * seq_kv + kv_row) * kv_heads + kvh) * HEAD_DIM + 2 * t;
+    store_dkdv<T, DT>(dv_acc, dk_acc, dv + out, dk + out, 8LL * kv_heads * HEAD_DIM, kv_row, seq_kv, scale);
+}
+
+// Head dim 256: dK and dV of 64 kv rows (2 x 64 x 256 fp32) do not fit one warpgroup's registers, so a CTA of
+// two warpgroups shares one 64-row KV tile and splits the work by role and by head-dim half:
+//   warpgroup 0 computes S^T = K Q^T, masks it and forms P^T (fp32), which it hands to warpgroup 1 through
+//   shared memory (each thread's accumulators in its own slots: the two warpgroups' threads hold the same
+//   accumulator positions); warpgroup 1 computes dP^T = V dO^T at the same time, then dS^T = P^T (dP^T - D),
+//   which it stores (rounded to T) as the dS^T tile that warpgroup 0 reads back and the dQ product uses;
+//   warpgroup w accumulates dV[:, 128 w, +128) += P^T dO[:, half w] and dK[:, half w] += dS^T Q[:, half w]
+//   (128 + 128 accumulators) and, with DQ, the dQ columns [128 w, +128) of the tile in two 64-column passes.
+// Shared memory: K, V (64 x 256), STAGES x Q, dO (BLOCK_M x 256), dS^T (64 x BLOCK_M), the P^T hand-off
+// (64 x BLOCK_M fp32), lse2 and D.
+template <typename T, int HEAD_DIM, int BLOCK_M, int STAGES, int MASK, bool DQ>
+__global__ void __launch_bounds__(256, 1)
+flash_bwd_dkdv_wgmma_pair(const T* __restrict__ q, const T* __restrict__ k, const T* __restrict__ v,
+                          const T* __restrict__ dout, const float* __restrict__ lse2, const float* __restrict__ dsum,
+                          float* __restrict__ dq_accum, T* __restrict__ dk, T* __restrict__ dv,
+                          const int* __restrict__ q_ids, const int* __restrict__ kv_ids,
+                          const int2* __restrict__ q_tile_ids, const int2* __restrict__ kv_tile_ids, long long q_sb,
+                          long long q_ss, long long q_sh, long long k_sb, long long k_ss, long long k_sh,
+                          long long v_sb, long long v_ss, long long v_sh, long long do_sb, long long do_ss,
+                          long long do_sh, int seq_q, int seq_kv, int seq_pad, int heads, int kv_group,
+                          int window_left, int window_right, float scale_log2, float scale) {
+    constexpr int BLOCK_N = 64;
+    constexpr int THREADS = 256;
+    constexpr int MT = BLOCK_M / 8;        // 8-column (query) tiles of S^T
+    constexpr int HALF = HEAD_DIM / 2;     // head-dim columns of dK / dV / dQ per warpgroup
+    constexpr int HT = HALF / 8;
+    constexpr bool WINDOW = (MASK & BWD_MASK_WINDOW) != 0;
+    constexpr bool SEGMENTS = (MASK & BWD_MASK_SEGMENTS) != 0;
+    constexpr int KV_BYTES = BLOCK_N * HEAD_DIM * 2, Q_BYTES = BLOCK_M * HEAD_DIM * 2;
+    static_assert(HEAD_DIM == 256 && BLOCK_M == 64, "the pair kernel serves head dim 256 with 64-row query tiles");
+
+    extern __shared__ __align__(1024) unsigned char smem_raw[];
+    const unsigned raw0 = smem_addr(smem_raw);
+    unsigned char* smem = smem_raw + (((raw0 + 1023) & ~1023u) - raw0);  // smem_bytes() reserves the slack
+    const unsigned sK = smem_addr(smem), sV = sK + KV_BYTES, sQ = sV + KV_BYTES, sdO = sQ + STAGES * Q_BYTES;
+    const unsigned sdS = sdO + STAGES * Q_BYTES;
+    unsigned char* ds_base = smem + (sdS - sK);
+    float* sP = reinterpret_cast<float*>(ds_base + BLOCK_N * BLOCK_M * 2);  // [MT * 4][128] hand-off slots
+    float* sL = sP + MT * 4 * 128;
+    float* sD = sL + STAGES * BLOCK_M;
+
+    const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, wg = warp >> 2, wtid = tid & 127;
+    const int g = lane >> 2, t = lane & 3;
+    const int b = blockIdx.z;
+    int nb, kvh;
+    kv_block_coords(nb, kvh);
+    const int kv_heads = gridDim.y;
+    const int n0 = nb * BLOCK_N;
+    const int shift = seq_kv - seq_q;
+
+    const QTileRange<BLOCK_M, BLOCK_N, WINDOW, SEGMENTS> tiles(n0, seq_q, seq_kv, window_left, window_right, q_tile_ids,
+                                                               kv_tile_ids, b, nb, gridDim.x, kv_group);
+    const int total = tiles.total;
+
+    load_rows_blocked<BLOCK_N, HEAD_DIM, THREADS>(sK, k + b * k_sb + kvh * k_sh, k_ss, n0, seq_kv);
+    load_rows_blocked<BLOCK_N, HEAD_DIM, THREADS>(sV, v + b * v_sb + kvh * v_sh, v_ss, n0, seq_kv);
+    auto load_q = [&](int it, int stage) {
+        const int h = kvh * kv_group + tiles.head_in_group(it);
+        const int m0 = tiles.m_block(it) * BLOCK_M;
+        load_q_step<BLOCK_M, HEAD_DIM, THREADS>(sQ + stage * Q_BYTES, sdO + stage * Q_BYTES, sL + stage * BLOCK_M,
+                                                sD + stage * BLOCK_M, q + b * q_sb + h * q_sh, q_ss,
+                                                dout + b * do_sb + h * do_sh, do_ss, m0, seq_q,
+                                                lse2 + ((long long)b * heads + h) * seq_pad + m0,
+                                                dsum + ((long long)b * heads + h) * seq_pad + m0);
+    };
+    int load_it = tiles.next_visible(0);
+    int load_stage = 0;
 #pragma unroll
-    for (int j = 0; j < DT; ++j) {
-        if (kv_row < seq_kv) {
-            *reinterpret_cast<unsigned*>(dv_row + 8 * j) = pack2<T>(dv_acc[4 * j], dv_acc[4 * j + 1]);
-            *reinterpret_cast<unsigned*>(dk_row + 8 * j) = pack2<T>(dk_acc[4 * j] * scale, dk_acc[4 * j + 1] * scale);
+    for (int s = 0; s < STAGES - 1; ++s) {  // the first group also holds K and V
+        if (load_it < total) {
+            load_q(load_it, load_stage);
+            load_it = tiles.next_visible(load_it + 1);
         }
-        if (kv_row + 8 < seq_kv) {
-            *reinterpret_cast<unsigned*>(dv_row + step8 + 8 * j) = pack2<T>(dv_acc[4 * j + 2], dv_acc[4 * j + 3]);
-            *reinterpret_cast<unsigned*>(dk_row + step8 + 8 * j) =
-                pack2<T>(dk_acc[4 * j + 2] * scale, dk_acc[4 * j + 3] * scale);
-        }
+        cp_async_commit();
+        load_stage = load_stage + 1 == STAGES ? 0 : load_stage + 1;
     }
+
+    const int wrow = 16 * (warp & 3);  // both warpgroups: kv rows wrow + g, wrow + g + 8 of the tile
+    const int kv_row = n0 + wrow + g;
+    int kvid[2] = {0, 0};
+    if constexpr (SEGMENTS) {
+        kvid[0] = kv_ids[(long long)b * seq_kv + min(kv_row, seq_kv - 1)];
+        kvid[1] = kv_ids[(long long)b * seq_kv + min(kv_row + 8, seq_kv - 1)];
+    }
+
+    float dv_acc[HT * 4], dk_acc[HT * 4];
+#pragma unroll
+    for (int i = 0; i < HT * 4; ++i) dv_acc[i] = dk_acc[i] = 0.f;
+
+    auto tile_step = [&](int it, int stage, auto masked_c) {
+        constexpr bool MASKED = decltype(masked_c)::value;
+        const int h = kvh * kv_group + tiles.head_in_group(it);
+        const int m0 = tiles.m_block(it) * BLOCK_M;
+        const unsigned q_st = sQ + stage * Q_BYTES, do_st = sdO + stage * Q_BYTES;
+
+        // warpgroup 0: S^T = K Q^T; warpgroup 1: dP^T = V dO^T
+        float acc[MT][4];
+        float(&acc_flat)[MT * 4] = reinterpret_cast<float(&)[MT * 4]>(acc);
+#pragma unroll
+        for (int i = 0; i < MT * 4; ++i) acc_flat[i] = 0.f;
+        const unsigned a_tile = wg == 0 ? sK : sV, b_tile = wg == 0 ? q_st : do_st;
+        wgmma::fence();
+#pragma unroll
+        for (int kk = 0; kk < HEAD_DIM / 16; ++kk)
+            wgmma::mma_ss<T, BLOCK_M>(acc_flat, wgmma::desc_k_major(a_tile + (kk >> 2) * (BLOCK_N * 128) + (kk & 3) * 32),
+                                      wgmma::desc_k_major(b_tile + (kk >> 2) * (BLOCK_M * 128) + (kk & 3) * 32));
+        wgmma::commit();
+        wgmma::wait<0>();
+
+        unsigned p_pk[MT][2], ds_pk[MT][2];
+        if (wg == 0) {
+            if constexpr (MASKED)
+                mask_scores_t<MT, WINDOW, SEGMENTS>(acc, m0, kv_row, seq_q, seq_kv, shift, window_left, window_right,
+                                                    q_ids + (long long)b * seq_q, kvid, t);
+            const float* lrow = sL + stage * BLOCK_M;
+#pragma unroll
+            for (int j = 0; j < MT; ++j) {
+                const float2 l = *reinterpret_cast<const float2*>(lrow + 8 * j + 2 * t);
+#pragma unroll
+                for (int e = 0; e < 4; ++e) {
+                    acc[j][e] = exp2_approx(fmaf(acc[j][e], scale_log2, -((e & 1) ? l.y : l.x)));
+                    sP[(4 * j + e) * 128 + wtid] = acc[j][e];
+                }
+                p_pk[j][0] = pack2<T>(acc[j][0], acc[j][1]);
+                p_pk[j][1] = pack2<T>(acc[j][2], acc[j][3]);
+            }
+        }
+        __syncthreads();  // P^T handed over
+        if (wg == 1) {
+            const float* drow = sD + stage * BLOCK_M;
+#pragma unroll
+            for (int j = 0; j < MT; ++j) {
+                const float2 d = *reinterpret_cast<const float2*>(drow + 8 * j + 2 * t);
+                float p[4];
+#pragma unroll
+                for (int e = 0; e < 4; ++e) p[e] = sP[(4 * j + e) * 128 + wtid];
+                p_pk[j][0] = pack2<T>(p[0], p[1]);
+                p_pk[j][1] = pack2<T>(p[2], p[3]);
+                ds_pk[j][0] = pack2<T>(p[0] * (acc[j][0] - d.x), p[1] * (acc[j][1] - d.y));
+                ds_pk[j][1] = pack2<T>(p[2] * (acc[j][2] - d.x), p[3] * (acc[j][3] - d.y));
+                *reinterpret_cast<unsigned*>(ds_base + wgmma::blocked_offset<BLOCK_N>(wrow + g, j) + 4 * t) = ds_pk[j][0];
+                *reinterpret_cast<unsigned*>(ds_base + wgmma::blocked_offset<BLOCK_N>(wrow + g + 8, j) + 4 * t) =
+                    ds_pk[j][1];
+            }
+        }
+        wgmma::fence_proxy_async();
+        __syncthreads();  // dS^T in place
+        if (wg == 0) {
+#pragma unroll
+            for (int j = 0; j < MT; ++j) {
+                ds_pk[j][0] = *reinterpret_cast<const unsigned*>(ds_base + wgmma::blocked_offset<BLOCK_N>(wrow + g, j) + 4 * t);
+                ds_pk[j][1] =
+                    *reinterpret_cast<const unsigned*>(ds_base + wgmma::blocked_offset<BLOCK_N>(wrow + g + 8, j) + 4 * t);
+            }
+        }
+
+        // this warpgroup's head-dim half: dV += P^T dO, dK += dS^T Q
+        const unsigned half_off = wg * (HALF / 64) * (BLOCK_M * 128);
+        wgmma::fence();
+#pragma unroll
+        for (int kq = 0; kq < BLOCK_M / 16; ++kq) {
+            const unsigned a[4] = {p_pk[2 * kq][0], p_pk[2 * kq][1], p_pk[2 * kq + 1][0], p_pk[2 * kq + 1][1]};
+            wgmma::mma_rs_bt<T, HALF>(dv_acc, a, wgmma::desc_mn_major(do_st + half_off + kq * 16 * 128, BLOCK_M * 128));
+        }
+#pragma unroll
+        for (int kq = 0; kq < BLOCK_M / 16; ++kq) {
+            const unsigned a[4] = {ds_pk[2 * kq][0], ds_pk[2 * kq][1], ds_pk[2 * kq + 1][0], ds_pk[2 * kq + 1][1]};
+            wgmma::mma_rs_bt<T, HALF>(dk_acc, a, wgmma::desc_mn_major(q_st + half_off + kq * 16 * 128, BLOCK_M * 128));
+        }
+        wgmma::commit();
+
+        if constexpr (DQ) {
+            wgmma::wait<0>();  // P^T / dS^T registers free before the dQ accumulators go live (no spills)
+            // dQ columns [HALF w + DQ_N c, +DQ_N) of the 64-query tile = dS K: A = dS^T, B = K, both MN-major
+            constexpr int DQ_N = 32;  // 16 accumulators: with 128 of dK and dV live, wider passes spill
+            const int r0 = m0 + wrow + g;
+            const long long step8 = 8LL * heads * HEAD_DIM;
+#pragma unroll 1
+            for (int c = 0; c < HALF / DQ_N; ++c) {
+                const int col0 = wg * HALF + c * DQ_N;  // head-dim column of this pass
+                float dq[DQ_N / 2];
+#pragma unroll
+                for (int i = 0; i < DQ_N / 2; ++i) dq[i] = 0.f;
+                const unsigned k_cols = sK + (col0 / 64) * (BLOCK_N * 128) + (col0 % 64) * 2;
+                wgmma::fence();
+#pragma unroll
+                for (int kn = 0; kn < BLOCK_N / 16; ++kn)
+                    wgmma::mma_ss_tt<T, DQ_N>(dq, wgmma::desc_mn_major(sdS + kn * 16 * 128, BLOCK_N * 128),
+                                              wgmma::desc_mn_major(k_cols + kn * 16 * 128, BLOCK_N * 128));
+                wgmma::commit();
+                wgmma::wait<0>();
+                float* base = dq_accum + (((long long)b * seq_q + r0) * heads + h) * HEAD_DIM + col0 + 2 * t;
+#pragma unroll
+                for (int j = 0; j < DQ_N / 8; ++j) {
+                    if (r0 < seq_q) red_add_v2(base + 8 * j, dq[4 * j], dq[4 * j + 1]);
+                    if (r0 + 8 < seq_q) red_add_v2(base + step8 + 8 * j, dq[4 * j + 2], dq[4 * j + 3]);
+                }
+            }
+        } else {
+            wgmma::wait<0>();
+        }
+    };
+
+    int it = tiles.next_visible(0);
+    int stage = 0;
+    while (it < total) {
+        cp_async_wait<STAGES - 2>();
+        wgmma::fence_proxy_async();
+        __syncthreads();  // tile `it` landed; both warpgroups are done with the stage refilled next, dS^T and P^T
+        if (load_it < total) {
+            load_q(load_it, load_stage);
+            load_it = tiles.next_visible(load_it + 1);
+        }
+        cp_async_commit();
+        load_stage = load_stage + 1 == STAGES ? 0 : load_stage + 1;
+
+        if (tiles.needs_mask(tiles.m_block(it)))
+            tile_step(it, stage, Bool<true>{});
+        else
+            tile_step(it, stage, Bool<false>{});
+        it = tiles.next_visible(it + 1);
+        stage = stage + 1 == STAGES ? 0 : stage + 1;
+    }
+    cp_async_wait<0>();
+
+    const long long out = (((long long)b * seq_kv + kv_row) * kv_heads + kvh) * HEAD_DIM + wg * HALF + 2 * t;
+    store_dkdv<T, HT>(dv_acc, dk_acc, dv + out, dk + out, 8LL * kv_heads * HEAD_DIM, kv_row, seq_kv, scale);
 }
