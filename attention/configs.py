@@ -87,6 +87,9 @@ class FwdWgmmaConfig:
             raise ValueError(f"block_n must be 64, 128 or 256 (a wgmma N), got {self.block_n}")
         if self.warpgroups not in (1, 2) or self.stages < 2:
             raise ValueError(f"warpgroups must be 1 or 2 and stages >= 2, got {self.warpgroups}, {self.stages}")
+        if (128 * self.warpgroups // (self.head_dim // 8)) % 8:
+            raise ValueError(f"{self}: one copy pass of all threads must cover a multiple of 8 rows "
+                             f"(head_dim 256 needs 2 warpgroups)")
 
     @property
     def block_m(self) -> int:

@@ -332,14 +332,18 @@ flash_bwd_dkdv_wgmma_pair(const T* __restrict__ q, const T* __restrict__ k, cons
 
     load_rows_blocked<BLOCK_N, HEAD_DIM, THREADS>(sK, k + b * k_sb + kvh * k_sh, k_ss, n0, seq_kv);
     load_rows_blocked<BLOCK_N, HEAD_DIM, THREADS>(sV, v + b * v_sb + kvh * v_sh, v_ss, n0, seq_kv);
+    // this CTA's first q head of the group; per step only the head in the group and the query tile vary
+    const int h0 = kvh * kv_group;
+    const T* q0 = q + b * q_sb + h0 * q_sh;
+    const T* do0 = dout + b * do_sb + h0 * do_sh;
+    const long long l0 = ((long long)b * heads + h0) * seq_pad;
     auto load_q = [&](int it, int stage) {
-        const int h = kvh * kv_group + tiles.head_in_group(it);
+        const int hg = tiles.head_in_group(it);
         const int m0 = tiles.m_block(it) * BLOCK_M;
         load_q_step<BLOCK_M, HEAD_DIM, THREADS>(sQ + stage * Q_BYTES, sdO + stage * Q_BYTES, sL + stage * BLOCK_M,
-                                                sD + stage * BLOCK_M, q + b * q_sb + h * q_sh, q_ss,
-                                                dout + b * do_sb + h * do_sh, do_ss, m0, seq_q,
-                                                lse2 + ((long long)b * heads + h) * seq_pad + m0,
-                                                dsum + ((long long)b * heads + h) * seq_pad + m0);
+                                                sD + stage * BLOCK_M, q0 + hg * q_sh, q_ss, do0 + hg * do_sh, do_ss,
+                                                m0, seq_q, lse2 + l0 + (long long)hg * seq_pad + m0,
+                                                dsum + l0 + (long long)hg * seq_pad + m0);
     };
     int load_it = tiles.next_visible(0);
     int load_stage = 0;
@@ -376,12 +380,15 @@ flash_bwd_dkdv_wgmma_pair(const T* __restrict__ q, const T* __restrict__ k, cons
         float(&acc_flat)[MT * 4] = reinterpret_cast<float(&)[MT * 4]>(acc);
 #pragma unroll
         for (int i = 0; i < MT * 4; ++i) acc_flat[i] = 0.f;
-        const unsigned a_tile = wg == 0 ? sK : sV, b_tile = wg == 0 ? q_st : do_st;
+        // descriptors as one base plus a constant per k-step (the start address field counts 16-byte units and
+        // the tiles lie below 256 KiB, so the sum never carries out of it): 2 live registers instead of 16 x 2
+        const unsigned long long a_desc = wgmma::desc_k_major(wg == 0 ? sK : sV);
+        const unsigned long long b_desc = wgmma::desc_k_major(wg == 0 ? q_st : do_st);
         wgmma::fence();
 #pragma unroll
         for (int kk = 0; kk < HEAD_DIM / 16; ++kk)
-            wgmma::mma_ss<T, BLOCK_M>(acc_flat, wgmma::desc_k_major(a_tile + (kk >> 2) * (BLOCK_N * 128) + (kk & 3) * 32),
-                                      wgmma::desc_k_major(b_tile + (kk >> 2) * (BLOCK_M * 128) + (kk & 3) * 32));
+            wgmma::mma_ss<T, BLOCK_M>(acc_flat, a_desc + (((kk >> 2) * (BLOCK_N * 128) + (kk & 3) * 32) >> 4),
+                                      b_desc + (((kk >> 2) * (BLOCK_M * 128) + (kk & 3) * 32) >> 4));
         wgmma::commit();
         wgmma::wait<0>();
 
@@ -434,16 +441,18 @@ flash_bwd_dkdv_wgmma_pair(const T* __restrict__ q, const T* __restrict__ k, cons
 
         // this warpgroup's head-dim half: dV += P^T dO, dK += dS^T Q
         const unsigned half_off = wg * (HALF / 64) * (BLOCK_M * 128);
+        const unsigned long long do_desc = wgmma::desc_mn_major(do_st + half_off, BLOCK_M * 128);
+        const unsigned long long q_desc = wgmma::desc_mn_major(q_st + half_off, BLOCK_M * 128);
         wgmma::fence();
 #pragma unroll
         for (int kq = 0; kq < BLOCK_M / 16; ++kq) {
             const unsigned a[4] = {p_pk[2 * kq][0], p_pk[2 * kq][1], p_pk[2 * kq + 1][0], p_pk[2 * kq + 1][1]};
-            wgmma::mma_rs_bt<T, HALF>(dv_acc, a, wgmma::desc_mn_major(do_st + half_off + kq * 16 * 128, BLOCK_M * 128));
+            wgmma::mma_rs_bt<T, HALF>(dv_acc, a, do_desc + ((kq * 16 * 128) >> 4));
         }
 #pragma unroll
         for (int kq = 0; kq < BLOCK_M / 16; ++kq) {
             const unsigned a[4] = {ds_pk[2 * kq][0], ds_pk[2 * kq][1], ds_pk[2 * kq + 1][0], ds_pk[2 * kq + 1][1]};
-            wgmma::mma_rs_bt<T, HALF>(dk_acc, a, wgmma::desc_mn_major(q_st + half_off + kq * 16 * 128, BLOCK_M * 128));
+            wgmma::mma_rs_bt<T, HALF>(dk_acc, a, q_desc + ((kq * 16 * 128) >> 4));
         }
         wgmma::commit();
 
@@ -459,12 +468,13 @@ flash_bwd_dkdv_wgmma_pair(const T* __restrict__ q, const T* __restrict__ k, cons
                 float dq[DQ_N / 2];
 #pragma unroll
                 for (int i = 0; i < DQ_N / 2; ++i) dq[i] = 0.f;
-                const unsigned k_cols = sK + (col0 / 64) * (BLOCK_N * 128) + (col0 % 64) * 2;
+                const unsigned long long ds_desc = wgmma::desc_mn_major(sdS, BLOCK_N * 128);
+                const unsigned long long k_desc =
+                    wgmma::desc_mn_major(sK + (col0 / 64) * (BLOCK_N * 128) + (col0 % 64) * 2, BLOCK_N * 128);
                 wgmma::fence();
 #pragma unroll
                 for (int kn = 0; kn < BLOCK_N / 16; ++kn)
-                    wgmma::mma_ss_tt<T, DQ_N>(dq, wgmma::desc_mn_major(sdS + kn * 16 * 128, BLOCK_N * 128),
-                                              wgmma::desc_mn_major(k_cols + kn * 16 * 128, BLOCK_N * 128));
+                    wgmma::mma_ss_tt<T, DQ_N>(dq, ds_desc + ((kn * 16 * 128) >> 4), k_desc + ((kn * 16 * 128) >> 4));
                 wgmma::commit();
                 wgmma::wait<0>();
                 float* base = dq_accum + (((long long)b * seq_q + r0) * heads + h) * HEAD_DIM + col0 + 2 * t;

@@ -13,14 +13,19 @@ namespace attn {
 template <int ROWS, int HEAD_DIM, int THREADS, typename T>
 __device__ __forceinline__ void load_rows_blocked(unsigned dst, const T* src, long long stride, int row0,
                                                   int rows_valid) {
-    constexpr int CHUNKS = HEAD_DIM / 8;  // 16-byte chunks per row
-    static_assert((ROWS * CHUNKS) % THREADS == 0, "copy split");
+    constexpr int CHUNKS = HEAD_DIM / 8;             // 16-byte chunks per row
+    constexpr int ROWS_PER_PASS = THREADS / CHUNKS;  // rows one pass of all threads covers
+    static_assert(THREADS % CHUNKS == 0 && ROWS_PER_PASS % 8 == 0 && ROWS % ROWS_PER_PASS == 0, "copy split");
+    // a thread keeps its chunk and its row modulo 8 in every pass, so its swizzled offset moves by a constant
+    // per pass: one base address and one pointer, not a hoisted address per pass (registers)
+    const int r = threadIdx.x / CHUNKS, ch = threadIdx.x % CHUNKS;
+    const unsigned d = dst + wgmma::blocked_offset<ROWS>(r, ch);
+    const T* s = src + (row0 + r) * stride + ch * 8;
 #pragma unroll
-    for (int it = 0; it < ROWS * CHUNKS / THREADS; ++it) {
-        const int i = it * THREADS + threadIdx.x;
-        const int row = i / CHUNKS, ch = i % CHUNKS;
-        const bool ok = row0 + row < rows_valid;
-        cp_async16(dst + wgmma::blocked_offset<ROWS>(row, ch), src + (ok ? (row0 + row) * stride : 0) + ch * 8, ok);
+    for (int pass = 0; pass < ROWS / ROWS_PER_PASS; ++pass) {
+        const bool ok = row0 + r + pass * ROWS_PER_PASS < rows_valid;
+        cp_async16(d + pass * ROWS_PER_PASS * 128, ok ? s : src, ok);
+        s += ROWS_PER_PASS * stride;
     }
 }
 
