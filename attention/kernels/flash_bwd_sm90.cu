@@ -31,18 +31,63 @@ __device__ __forceinline__ void red_add_v2(float* addr, float a, float b) {
     asm volatile("red.global.add.v2.f32 [%0], {%1, %2};\n" ::"l"(addr), "f"(a), "f"(b) : "memory");
 }
 
-// One (q head, query tile) step's inputs into a ring stage: Q and dO rows [m0, m0 + BLOCK_M) (blocked, swizzled;
-// rows past seq_q zero-filled) and the BLOCK_M lse2 / D values (padded arrays: always in bounds).
-template <int BLOCK_M, int HEAD_DIM, int THREADS, typename T>
-__device__ __forceinline__ void load_q_step(unsigned sq, unsigned sdo, float* sl, float* sd, const T* qh, long long q_ss,
-                                            const T* doh, long long do_ss, int m0, int seq_q, const float* lse2_row,
-                                            const float* dsum_row) {
-    load_rows_blocked<BLOCK_M, HEAD_DIM, THREADS>(sq, qh, q_ss, m0, seq_q);
-    load_rows_blocked<BLOCK_M, HEAD_DIM, THREADS>(sdo, doh, do_ss, m0, seq_q);
-    for (int i = threadIdx.x; i < 2 * (BLOCK_M / 4); i += THREADS) {
-        const int which = i / (BLOCK_M / 4), c = i % (BLOCK_M / 4);
-        cp_async16(smem_addr((which ? sd : sl) + 4 * c), (which ? dsum_row : lse2_row) + 4 * c, true);
+// The Q / dO / lse2 / D ring of a dK/dV CTA: operator()(it, stage) loads step `it` (its q head of the group and
+// query tile, from `tiles`) into ring stage `stage`: Q and dO rows [m0, m0 + BLOCK_M) blocked and swizzled (rows
+// past seq_q zero-filled) and the BLOCK_M lse2 / D values (padded arrays: always in bounds).
+template <int BLOCK_M, int HEAD_DIM, int THREADS, typename T, typename Tiles>
+struct QStepLoader {
+    const Tiles& tiles;
+    unsigned sQ, sdO;      // stage 0 of each ring
+    float *sL, *sD;
+    const T *q0, *do0;     // the group's first q head of this batch element
+    const float *l0, *d0;  // its lse2 / D rows
+    long long q_sh, q_ss, do_sh, do_ss;
+    int seq_q, seq_pad;
+
+    __device__ __forceinline__ void operator()(int it, int stage) const {
+        constexpr int Q_BYTES = BLOCK_M * HEAD_DIM * 2;
+        const int hg = tiles.head_in_group(it);
+        const int m0 = tiles.m_block(it) * BLOCK_M;
+        load_rows_blocked<BLOCK_M, HEAD_DIM, THREADS>(sQ + stage * Q_BYTES, q0 + hg * q_sh, q_ss, m0, seq_q);
+        load_rows_blocked<BLOCK_M, HEAD_DIM, THREADS>(sdO + stage * Q_BYTES, do0 + hg * do_sh, do_ss, m0, seq_q);
+        const long long row = (long long)hg * seq_pad + m0;
+        for (int i = threadIdx.x; i < 2 * (BLOCK_M / 4); i += THREADS) {
+            const int which = i / (BLOCK_M / 4), c = i % (BLOCK_M / 4);
+            cp_async16(smem_addr((which ? sD : sL) + stage * BLOCK_M + 4 * c), (which ? d0 : l0) + row + 4 * c, true);
+        }
     }
+};
+
+// Drives a dK/dV CTA over its (q head, query tile) steps through a STAGES-deep ring: the first STAGES - 1 steps'
+// loads go out (the first cp.async group also carries the K and V tiles issued before), then per step: wait for
+// its stage, publish it to the async proxy (wgmma) and to every thread, refill the stage the previous step
+// freed, and run step(it, stage, Bool<masked>) with element masks only where the tile needs them.
+template <int STAGES, typename Tiles, typename Loader, typename Step>
+__device__ __forceinline__ void run_q_steps(const Tiles& tiles, const Loader& load_q, Step&& step) {
+    int load_it = tiles.next_visible(0), load_stage = 0;
+    auto issue = [&]() {
+        if (load_it < tiles.total) {
+            load_q(load_it, load_stage);
+            load_it = tiles.next_visible(load_it + 1);
+        }
+        cp_async_commit();
+        load_stage = load_stage + 1 == STAGES ? 0 : load_stage + 1;
+    };
+#pragma unroll
+    for (int s = 0; s < STAGES - 1; ++s) issue();
+    int stage = 0;
+    for (int it = tiles.next_visible(0); it < tiles.total; it = tiles.next_visible(it + 1)) {
+        cp_async_wait<STAGES - 2>();
+        wgmma::fence_proxy_async();  // cp.async wrote through the generic proxy; wgmma reads the async one
+        __syncthreads();  // step `it` landed for all; every warpgroup is done with the stage refilled next
+        issue();
+        if (tiles.needs_mask(tiles.m_block(it)))
+            step(it, stage, Bool<true>{});
+        else
+            step(it, stage, Bool<false>{});
+        stage = stage + 1 == STAGES ? 0 : stage + 1;
+    }
+    cp_async_wait<0>();
 }
 
 // dV and dK * scale (accumulators of NT 8-column tiles, rows kv_row and kv_row + 8, columns 8 j + 2 t (+1)
@@ -107,31 +152,15 @@ flash_bwd_dkdv_wgmma(const T* __restrict__ q, const T* __restrict__ k, const T* 
 
     const QTileRange<BLOCK_M, BLOCK_N, WINDOW, SEGMENTS> tiles(n0, seq_q, seq_kv, window_left, window_right, q_tile_ids,
                                                                kv_tile_ids, b, nb, gridDim.x, kv_group);
-    const int total = tiles.total;
 
     // ---- K, V once; Q, dO, lse2, D per (head, query tile) through the ring
     load_rows_blocked<BLOCK_N, HEAD_DIM, THREADS>(sK, k + b * k_sb + kvh * k_sh, k_ss, n0, seq_kv);
     load_rows_blocked<BLOCK_N, HEAD_DIM, THREADS>(sV, v + b * v_sb + kvh * v_sh, v_ss, n0, seq_kv);
-    auto load_q = [&](int it, int stage) {
-        const int h = kvh * kv_group + tiles.head_in_group(it);
-        const int m0 = tiles.m_block(it) * BLOCK_M;
-        load_q_step<BLOCK_M, HEAD_DIM, THREADS>(sQ + stage * Q_BYTES, sdO + stage * Q_BYTES, sL + stage * BLOCK_M,
-                                                sD + stage * BLOCK_M, q + b * q_sb + h * q_sh, q_ss,
-                                                dout + b * do_sb + h * do_sh, do_ss, m0, seq_q,
-                                                lse2 + ((long long)b * heads + h) * seq_pad + m0,
-                                                dsum + ((long long)b * heads + h) * seq_pad + m0);
-    };
-    int load_it = tiles.next_visible(0);
-    int load_stage = 0;
-#pragma unroll
-    for (int s = 0; s < STAGES - 1; ++s) {  // the first group also holds K and V
-        if (load_it < total) {
-            load_q(load_it, load_stage);
-            load_it = tiles.next_visible(load_it + 1);
-        }
-        cp_async_commit();
-        load_stage = load_stage + 1 == STAGES ? 0 : load_stage + 1;
-    }
+    const int h0 = kvh * kv_group;  // the group's first q head
+    const QStepLoader<BLOCK_M, HEAD_DIM, THREADS, T, decltype(tiles)> load_q{
+        tiles, sQ, sdO, sL, sD, q + b * q_sb + h0 * q_sh, dout + b * do_sb + h0 * do_sh,
+        lse2 + ((long long)b * heads + h0) * seq_pad, dsum + ((long long)b * heads + h0) * seq_pad,
+        q_sh, q_ss, do_sh, do_ss, seq_q, seq_pad};
 
     // kv rows of this thread: kv_row and kv_row + 8 (the accumulator rows g, g + 8 of the warp's 16)
     const int wrow = 64 * wg + 16 * (warp & 3);
@@ -249,27 +278,7 @@ flash_bwd_dkdv_wgmma(const T* __restrict__ q, const T* __restrict__ k, const T* 
         }
     };
 
-    int it = tiles.next_visible(0);
-    int stage = 0;
-    while (it < total) {
-        cp_async_wait<STAGES - 2>();
-        wgmma::fence_proxy_async();  // cp.async wrote through the generic proxy; wgmma reads the async one
-        __syncthreads();  // tile `it` landed for all; every warpgroup is done with the stage refilled next and dS^T
-        if (load_it < total) {
-            load_q(load_it, load_stage);
-            load_it = tiles.next_visible(load_it + 1);
-        }
-        cp_async_commit();
-        load_stage = load_stage + 1 == STAGES ? 0 : load_stage + 1;
-
-        if (tiles.needs_mask(tiles.m_block(it)))
-            tile_step(it, stage, Bool<true>{});
-        else
-            tile_step(it, stage, Bool<false>{});
-        it = tiles.next_visible(it + 1);
-        stage = stage + 1 == STAGES ? 0 : stage + 1;
-    }
-    cp_async_wait<0>();
+    run_q_steps<STAGES>(tiles, load_q, tile_step);
 
     // ---- dK (times the softmax scale) and dV, summed over the group already, straight from registers
     const long long out = (((long long)b * seq_kv + kv_row) * kv_heads + kvh) * HEAD_DIM + 2 * t;
@@ -328,34 +337,14 @@ flash_bwd_dkdv_wgmma_pair(const T* __restrict__ q, const T* __restrict__ k, cons
 
     const QTileRange<BLOCK_M, BLOCK_N, WINDOW, SEGMENTS> tiles(n0, seq_q, seq_kv, window_left, window_right, q_tile_ids,
                                                                kv_tile_ids, b, nb, gridDim.x, kv_group);
-    const int total = tiles.total;
 
     load_rows_blocked<BLOCK_N, HEAD_DIM, THREADS>(sK, k + b * k_sb + kvh * k_sh, k_ss, n0, seq_kv);
     load_rows_blocked<BLOCK_N, HEAD_DIM, THREADS>(sV, v + b * v_sb + kvh * v_sh, v_ss, n0, seq_kv);
-    // this CTA's first q head of the group; per step only the head in the group and the query tile vary
-    const int h0 = kvh * kv_group;
-    const T* q0 = q + b * q_sb + h0 * q_sh;
-    const T* do0 = dout + b * do_sb + h0 * do_sh;
-    const long long l0 = ((long long)b * heads + h0) * seq_pad;
-    auto load_q = [&](int it, int stage) {
-        const int hg = tiles.head_in_group(it);
-        const int m0 = tiles.m_block(it) * BLOCK_M;
-        load_q_step<BLOCK_M, HEAD_DIM, THREADS>(sQ + stage * Q_BYTES, sdO + stage * Q_BYTES, sL + stage * BLOCK_M,
-                                                sD + stage * BLOCK_M, q0 + hg * q_sh, q_ss, do0 + hg * do_sh, do_ss,
-                                                m0, seq_q, lse2 + l0 + (long long)hg * seq_pad + m0,
-                                                dsum + l0 + (long long)hg * seq_pad + m0);
-    };
-    int load_it = tiles.next_visible(0);
-    int load_stage = 0;
-#pragma unroll
-    for (int s = 0; s < STAGES - 1; ++s) {  // the first group also holds K and V
-        if (load_it < total) {
-            load_q(load_it, load_stage);
-            load_it = tiles.next_visible(load_it + 1);
-        }
-        cp_async_commit();
-        load_stage = load_stage + 1 == STAGES ? 0 : load_stage + 1;
-    }
+    const int h0 = kvh * kv_group;  // the group's first q head
+    const QStepLoader<BLOCK_M, HEAD_DIM, THREADS, T, decltype(tiles)> load_q{
+        tiles, sQ, sdO, sL, sD, q + b * q_sb + h0 * q_sh, dout + b * do_sb + h0 * do_sh,
+        lse2 + ((long long)b * heads + h0) * seq_pad, dsum + ((long long)b * heads + h0) * seq_pad,
+        q_sh, q_ss, do_sh, do_ss, seq_q, seq_pad};
 
     const int wrow = 16 * (warp & 3);  // both warpgroups: kv rows wrow + g, wrow + g + 8 of the tile
     const int kv_row = n0 + wrow + g;
@@ -489,27 +478,7 @@ flash_bwd_dkdv_wgmma_pair(const T* __restrict__ q, const T* __restrict__ k, cons
         }
     };
 
-    int it = tiles.next_visible(0);
-    int stage = 0;
-    while (it < total) {
-        cp_async_wait<STAGES - 2>();
-        wgmma::fence_proxy_async();
-        __syncthreads();  // tile `it` landed; both warpgroups are done with the stage refilled next, dS^T and P^T
-        if (load_it < total) {
-            load_q(load_it, load_stage);
-            load_it = tiles.next_visible(load_it + 1);
-        }
-        cp_async_commit();
-        load_stage = load_stage + 1 == STAGES ? 0 : load_stage + 1;
-
-        if (tiles.needs_mask(tiles.m_block(it)))
-            tile_step(it, stage, Bool<true>{});
-        else
-            tile_step(it, stage, Bool<false>{});
-        it = tiles.next_visible(it + 1);
-        stage = stage + 1 == STAGES ? 0 : stage + 1;
-    }
-    cp_async_wait<0>();
+    run_q_steps<STAGES>(tiles, load_q, tile_step);
 
     const long long out = (((long long)b * seq_kv + kv_row) * kv_heads + kvh) * HEAD_DIM + wg * HALF + 2 * t;
     store_dkdv<T, HT>(dv_acc, dk_acc, dv + out, dk + out, 8LL * kv_heads * HEAD_DIM, kv_row, seq_kv, scale);
