@@ -242,10 +242,13 @@ def _plan_rows(cases: list[bench.Case], spec: device.DeviceSpec, with_compile: b
         except tiling.PlanError as exc:
             rows.append({**row, "config": f"no plan: {exc}"})
             continue
-        cfg = plan.config
+        cfg, p = plan.config, case.params
+        if p["backward"]:  # the dK/dV kernel's grid: KV tiles x kv heads x batch
+            ctas = math.ceil((p["seq_kv"] or p["seq_q"]) / cfg.block_n) * p["kv_heads"] * p["batch"]
+        else:
+            ctas = math.ceil(p["seq_q"] / cfg.block_m) * p["heads"] * p["batch"]
         row.update({"config": str(cfg), "smem B": f"{plan.smem_bytes:,}", "limit B": f"{plan.limit:,}",
-                    "fits": "yes" if plan.smem_bytes <= plan.limit else "NO",
-                    "CTAs": f"{math.ceil(case.params['seq_q'] / cfg.block_m) * case.params['heads'] * case.params['batch']:,}",
+                    "fits": "yes" if plan.smem_bytes <= plan.limit else "NO", "CTAs": f"{ctas:,}",
                     "why": plan.reason})
         if with_compile:
             source, expr = _variant(case, cfg)
