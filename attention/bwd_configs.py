@@ -111,8 +111,8 @@ class BwdWgmmaConfig(BwdConfig):
     (``flash_bwd_dkdv_wgmma_pair``): two warpgroups share one 64-row KV tile, one computing S^T and the other
     dP^T, each accumulating half of the head dim of dK and dV (block_n = 64, block_m = 64)."""
 
-    block_n: int = -1  # derived: 64 x warpgroups
-    warps: int = -1  # derived: 4 x warpgroups
+    block_n: int = dataclasses.field(init=False, default=0)  # derived from warpgroups (not a parameter)
+    warps: int = dataclasses.field(init=False, default=0)  # 4 x warpgroups
     warpgroups: int = 2
 
     source = "flash_bwd_sm90.cu"

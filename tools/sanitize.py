@@ -11,18 +11,29 @@ import numpy as np
 from cukernels import bandwidth, dtypes
 
 
-def attention_cases():
-    from attention import flash_attention
+# head dim, dtype, masks: one small problem per head dim, each with a mask kind (causal, window, both)
+_ATTENTION_SHAPES = ((64, "fp16", dict(causal=True)), (128, "bf16", dict(window=(40, 7))),
+                     (256, "fp16", dict(causal=True, window=(50, 0))))
+
+
+def _attention_inputs(d, dt, seq_q, seq_kv):
+    """q [1, seq_q, 2, d], k and v [1, seq_kv, 1, d] (GQA), dO like q, packed segment ids over seq_kv (3 documents;
+    the queries take the last seq_q of them, as at the end of a KV cache)."""
     from attention.suites import packed_segment_ids
 
-    for d, dt, kw in ((64, "fp16", dict(causal=True)), (128, "bf16", dict(window=(40, 7))),
-                      (256, "fp16", dict(causal=True, window=(50, 0)))):
-        t = dtypes.from_name(dt)
-        q = dtypes.random((1, 150, 2, d), t, seed=1)
-        k = dtypes.random((1, 150, 1, d), t, seed=2)
-        v = dtypes.random((1, 150, 1, d), t, seed=3)
-        ids = cupy.asarray(packed_segment_ids(1, 150, 3, seed=0))
-        flash_attention(q, k, v, segment_ids=ids, **kw)
+    t = dtypes.from_name(dt)
+    q, do = dtypes.random((1, seq_q, 2, d), t, seed=1), dtypes.random((1, seq_q, 2, d), t, seed=4)
+    k, v = dtypes.random((1, seq_kv, 1, d), t, seed=2), dtypes.random((1, seq_kv, 1, d), t, seed=3)
+    ids = cupy.asarray(packed_segment_ids(1, seq_kv, 3, seed=0))
+    return q, k, v, do, (ids[:, seq_kv - seq_q:], ids)
+
+
+def attention_cases():
+    from attention import flash_attention
+
+    for d, dt, kw in _ATTENTION_SHAPES:
+        q, k, v, _, seg = _attention_inputs(d, dt, 150, 150)
+        flash_attention(q, k, v, segment_ids=seg, **kw)
         flash_attention(q, k, v, **kw)
     for d in (64, 128, 256):  # CTAs whose rows see no key at all
         q = dtypes.random((1, 600, 2, d), dtypes.FP16, seed=4)
@@ -32,17 +43,10 @@ def attention_cases():
 
 def backward_cases():
     from attention import flash_attention, flash_attention_backward
-    from attention.suites import packed_segment_ids
 
-    for d, dt, kw in ((64, "fp16", dict(causal=True)), (128, "bf16", dict(window=(40, 7))),
-                      (256, "fp16", dict(causal=True, window=(50, 0)))):
-        t = dtypes.from_name(dt)
-        q = dtypes.random((1, 150, 2, d), t, seed=1)
-        k = dtypes.random((1, 170, 1, d), t, seed=2)
-        v = dtypes.random((1, 170, 1, d), t, seed=3)
-        do = dtypes.random((1, 150, 2, d), t, seed=4)
-        ids = cupy.asarray(packed_segment_ids(1, 170, 3, seed=0))
-        for seg in (None, (ids[:, :150], ids)):
+    for d, dt, kw in _ATTENTION_SHAPES:  # seq_q != seq_kv: ragged tiles on both sides
+        q, k, v, do, ids = _attention_inputs(d, dt, 150, 170)
+        for seg in (None, ids):
             o, lse = flash_attention(q, k, v, segment_ids=seg, return_lse=True, **kw)
             for det in (False, True):
                 flash_attention_backward(do, q, k, v, o, lse, segment_ids=seg, deterministic=det, **kw)

@@ -58,38 +58,6 @@ struct QStepLoader {
     }
 };
 
-// Drives a dK/dV CTA over its (q head, query tile) steps through a STAGES-deep ring: the first STAGES - 1 steps'
-// loads go out (the first cp.async group also carries the K and V tiles issued before), then per step: wait for
-// its stage, publish it to the async proxy (wgmma) and to every thread, refill the stage the previous step
-// freed, and run step(it, stage, Bool<masked>) with element masks only where the tile needs them.
-template <int STAGES, typename Tiles, typename Loader, typename Step>
-__device__ __forceinline__ void run_q_steps(const Tiles& tiles, const Loader& load_q, Step&& step) {
-    int load_it = tiles.next_visible(0), load_stage = 0;
-    auto issue = [&]() {
-        if (load_it < tiles.total) {
-            load_q(load_it, load_stage);
-            load_it = tiles.next_visible(load_it + 1);
-        }
-        cp_async_commit();
-        load_stage = load_stage + 1 == STAGES ? 0 : load_stage + 1;
-    };
-#pragma unroll
-    for (int s = 0; s < STAGES - 1; ++s) issue();
-    int stage = 0;
-    for (int it = tiles.next_visible(0); it < tiles.total; it = tiles.next_visible(it + 1)) {
-        cp_async_wait<STAGES - 2>();
-        wgmma::fence_proxy_async();  // cp.async wrote through the generic proxy; wgmma reads the async one
-        __syncthreads();  // step `it` landed for all; every warpgroup is done with the stage refilled next
-        issue();
-        if (tiles.needs_mask(tiles.m_block(it)))
-            step(it, stage, Bool<true>{});
-        else
-            step(it, stage, Bool<false>{});
-        stage = stage + 1 == STAGES ? 0 : stage + 1;
-    }
-    cp_async_wait<0>();
-}
-
 // dV and dK * scale (accumulators of NT 8-column tiles, rows kv_row and kv_row + 8, columns 8 j + 2 t (+1)
 // from the given row pointers) rounded to T; rows past seq_kv are not written.
 template <typename T, int NT>
@@ -188,16 +156,19 @@ flash_bwd_dkdv_wgmma(const T* __restrict__ q, const T* __restrict__ k, const T* 
         float(&dp_flat)[MT * 4] = reinterpret_cast<float(&)[MT * 4]>(dp);
 #pragma unroll
         for (int i = 0; i < MT * 4; ++i) s_flat[i] = dp_flat[i] = 0.f;
+        // one descriptor per operand, advanced by constants per k-step (registers: see wgmma::advance)
+        const unsigned long long k_desc = wgmma::desc_k_major(k_wg), v_desc = wgmma::desc_k_major(v_wg);
+        const unsigned long long q_kdesc = wgmma::desc_k_major(q_st), do_kdesc = wgmma::desc_k_major(do_st);
         wgmma::fence();
 #pragma unroll
         for (int kk = 0; kk < HEAD_DIM / 16; ++kk)
-            wgmma::mma_ss<T, BLOCK_M>(s_flat, wgmma::desc_k_major(k_wg + (kk >> 2) * (BLOCK_N * 128) + (kk & 3) * 32),
-                                      wgmma::desc_k_major(q_st + (kk >> 2) * (BLOCK_M * 128) + (kk & 3) * 32));
+            wgmma::mma_ss<T, BLOCK_M>(s_flat, wgmma::advance(k_desc, (kk >> 2) * (BLOCK_N * 128) + (kk & 3) * 32),
+                                      wgmma::advance(q_kdesc, (kk >> 2) * (BLOCK_M * 128) + (kk & 3) * 32));
         wgmma::commit();
 #pragma unroll
         for (int kk = 0; kk < HEAD_DIM / 16; ++kk)
-            wgmma::mma_ss<T, BLOCK_M>(dp_flat, wgmma::desc_k_major(v_wg + (kk >> 2) * (BLOCK_N * 128) + (kk & 3) * 32),
-                                      wgmma::desc_k_major(do_st + (kk >> 2) * (BLOCK_M * 128) + (kk & 3) * 32));
+            wgmma::mma_ss<T, BLOCK_M>(dp_flat, wgmma::advance(v_desc, (kk >> 2) * (BLOCK_N * 128) + (kk & 3) * 32),
+                                      wgmma::advance(do_kdesc, (kk >> 2) * (BLOCK_M * 128) + (kk & 3) * 32));
         wgmma::commit();
         wgmma::wait<1>();
 
@@ -226,16 +197,18 @@ flash_bwd_dkdv_wgmma(const T* __restrict__ q, const T* __restrict__ k, const T* 
         }
 
         // dV += P^T dO, dK += dS^T Q (k = the query dimension, 16 per step)
+        const unsigned long long do_desc = wgmma::desc_mn_major(do_st, BLOCK_M * 128);
+        const unsigned long long q_desc = wgmma::desc_mn_major(q_st, BLOCK_M * 128);
         wgmma::fence();
 #pragma unroll
         for (int kq = 0; kq < BLOCK_M / 16; ++kq) {
             const unsigned a[4] = {p_pk[2 * kq][0], p_pk[2 * kq][1], p_pk[2 * kq + 1][0], p_pk[2 * kq + 1][1]};
-            wgmma::mma_rs_bt<T, HEAD_DIM>(dv_acc, a, wgmma::desc_mn_major(do_st + kq * 16 * 128, BLOCK_M * 128));
+            wgmma::mma_rs_bt<T, HEAD_DIM>(dv_acc, a, wgmma::advance(do_desc, kq * 16 * 128));
         }
 #pragma unroll
         for (int kq = 0; kq < BLOCK_M / 16; ++kq) {
             const unsigned a[4] = {ds_pk[2 * kq][0], ds_pk[2 * kq][1], ds_pk[2 * kq + 1][0], ds_pk[2 * kq + 1][1]};
-            wgmma::mma_rs_bt<T, HEAD_DIM>(dk_acc, a, wgmma::desc_mn_major(q_st + kq * 16 * 128, BLOCK_M * 128));
+            wgmma::mma_rs_bt<T, HEAD_DIM>(dk_acc, a, wgmma::advance(q_desc, kq * 16 * 128));
         }
         wgmma::commit();
 
@@ -256,12 +229,13 @@ flash_bwd_dkdv_wgmma(const T* __restrict__ q, const T* __restrict__ k, const T* 
             float dq[DQ_N / 2];
 #pragma unroll
             for (int i = 0; i < DQ_N / 2; ++i) dq[i] = 0.f;
+            const unsigned long long ds_desc = wgmma::desc_mn_major(sdS + rw * (BLOCK_N * 128), BLOCK_N * 128);
+            const unsigned long long kt_desc = wgmma::desc_mn_major(sK + (cw * DQ_N / 64) * (BLOCK_N * 128), BLOCK_N * 128);
             wgmma::fence();
 #pragma unroll
             for (int kn = 0; kn < BLOCK_N / 16; ++kn)
-                wgmma::mma_ss_tt<T, DQ_N>(
-                    dq, wgmma::desc_mn_major(sdS + rw * (BLOCK_N * 128) + kn * 16 * 128, BLOCK_N * 128),
-                    wgmma::desc_mn_major(sK + (cw * DQ_N / 64) * (BLOCK_N * 128) + kn * 16 * 128, BLOCK_N * 128));
+                wgmma::mma_ss_tt<T, DQ_N>(dq, wgmma::advance(ds_desc, kn * 16 * 128),
+                                          wgmma::advance(kt_desc, kn * 16 * 128));
             wgmma::commit();
             wgmma::wait<0>();
 
@@ -278,7 +252,9 @@ flash_bwd_dkdv_wgmma(const T* __restrict__ q, const T* __restrict__ k, const T* 
         }
     };
 
-    run_q_steps<STAGES>(tiles, load_q, tile_step);
+    run_ring<STAGES>(
+        tiles.next_visible(0), tiles.total, [&](int it) { return tiles.next_visible(it + 1); },
+        [&](int it) { return tiles.needs_mask(tiles.m_block(it)); }, load_q, tile_step);
 
     // ---- dK (times the softmax scale) and dV, summed over the group already, straight from registers
     const long long out = (((long long)b * seq_kv + kv_row) * kv_heads + kvh) * HEAD_DIM + 2 * t;
@@ -369,15 +345,14 @@ flash_bwd_dkdv_wgmma_pair(const T* __restrict__ q, const T* __restrict__ k, cons
         float(&acc_flat)[MT * 4] = reinterpret_cast<float(&)[MT * 4]>(acc);
 #pragma unroll
         for (int i = 0; i < MT * 4; ++i) acc_flat[i] = 0.f;
-        // descriptors as one base plus a constant per k-step (the start address field counts 16-byte units and
-        // the tiles lie below 256 KiB, so the sum never carries out of it): 2 live registers instead of 16 x 2
+        // one descriptor per operand, advanced by constants per k-step (registers: see wgmma::advance)
         const unsigned long long a_desc = wgmma::desc_k_major(wg == 0 ? sK : sV);
         const unsigned long long b_desc = wgmma::desc_k_major(wg == 0 ? q_st : do_st);
         wgmma::fence();
 #pragma unroll
         for (int kk = 0; kk < HEAD_DIM / 16; ++kk)
-            wgmma::mma_ss<T, BLOCK_M>(acc_flat, a_desc + (((kk >> 2) * (BLOCK_N * 128) + (kk & 3) * 32) >> 4),
-                                      b_desc + (((kk >> 2) * (BLOCK_M * 128) + (kk & 3) * 32) >> 4));
+            wgmma::mma_ss<T, BLOCK_M>(acc_flat, wgmma::advance(a_desc, (kk >> 2) * (BLOCK_N * 128) + (kk & 3) * 32),
+                                      wgmma::advance(b_desc, (kk >> 2) * (BLOCK_M * 128) + (kk & 3) * 32));
         wgmma::commit();
         wgmma::wait<0>();
 
@@ -436,12 +411,12 @@ flash_bwd_dkdv_wgmma_pair(const T* __restrict__ q, const T* __restrict__ k, cons
 #pragma unroll
         for (int kq = 0; kq < BLOCK_M / 16; ++kq) {
             const unsigned a[4] = {p_pk[2 * kq][0], p_pk[2 * kq][1], p_pk[2 * kq + 1][0], p_pk[2 * kq + 1][1]};
-            wgmma::mma_rs_bt<T, HALF>(dv_acc, a, do_desc + ((kq * 16 * 128) >> 4));
+            wgmma::mma_rs_bt<T, HALF>(dv_acc, a, wgmma::advance(do_desc, kq * 16 * 128));
         }
 #pragma unroll
         for (int kq = 0; kq < BLOCK_M / 16; ++kq) {
             const unsigned a[4] = {ds_pk[2 * kq][0], ds_pk[2 * kq][1], ds_pk[2 * kq + 1][0], ds_pk[2 * kq + 1][1]};
-            wgmma::mma_rs_bt<T, HALF>(dk_acc, a, q_desc + ((kq * 16 * 128) >> 4));
+            wgmma::mma_rs_bt<T, HALF>(dk_acc, a, wgmma::advance(q_desc, kq * 16 * 128));
         }
         wgmma::commit();
 
@@ -463,7 +438,8 @@ flash_bwd_dkdv_wgmma_pair(const T* __restrict__ q, const T* __restrict__ k, cons
                 wgmma::fence();
 #pragma unroll
                 for (int kn = 0; kn < BLOCK_N / 16; ++kn)
-                    wgmma::mma_ss_tt<T, DQ_N>(dq, ds_desc + ((kn * 16 * 128) >> 4), k_desc + ((kn * 16 * 128) >> 4));
+                    wgmma::mma_ss_tt<T, DQ_N>(dq, wgmma::advance(ds_desc, kn * 16 * 128),
+                                              wgmma::advance(k_desc, kn * 16 * 128));
                 wgmma::commit();
                 wgmma::wait<0>();
                 float* base = dq_accum + (((long long)b * seq_q + r0) * heads + h) * HEAD_DIM + col0 + 2 * t;
@@ -478,7 +454,9 @@ flash_bwd_dkdv_wgmma_pair(const T* __restrict__ q, const T* __restrict__ k, cons
         }
     };
 
-    run_q_steps<STAGES>(tiles, load_q, tile_step);
+    run_ring<STAGES>(
+        tiles.next_visible(0), tiles.total, [&](int it) { return tiles.next_visible(it + 1); },
+        [&](int it) { return tiles.needs_mask(tiles.m_block(it)); }, load_q, tile_step);
 
     const long long out = (((long long)b * seq_kv + kv_row) * kv_heads + kvh) * HEAD_DIM + wg * HALF + 2 * t;
     store_dkdv<T, HT>(dv_acc, dk_acc, dv + out, dk + out, 8LL * kv_heads * HEAD_DIM, kv_row, seq_kv, scale);

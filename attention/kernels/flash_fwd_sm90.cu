@@ -65,9 +65,6 @@ flash_fwd_wgmma(const T* __restrict__ q, const T* __restrict__ k, const T* __res
     // ---- the KV tiles this query tile can see
     const KvTileRange<BLOCK_N, WINDOW, SEGMENTS> tiles(m0, m_last, seq_q, seq_kv, window_left, window_right, q_tile_ids,
                                                        kv_tile_ids, b, m_block, gridDim.x);
-    const int nb_min = tiles.nb_min, nb_max = tiles.nb_max;
-    auto next_visible = [&](int nb) { return tiles.next_visible(nb); };
-    auto needs_mask = [&](int nb) { return tiles.needs_mask(nb); };
 
     // ---- copies into the blocked, swizzled layout; rows past the end zero-filled
     auto load_kv = [&](int nb, int stage) {
@@ -76,18 +73,6 @@ flash_fwd_wgmma(const T* __restrict__ q, const T* __restrict__ k, const T* __res
     };
 
     load_rows_blocked<BLOCK_M, HEAD_DIM, THREADS>(sQ, qb, q_ss, m0, seq_q);
-    cp_async_commit();
-    int load_nb = next_visible(nb_min);
-    int load_stage = 0;
-#pragma unroll
-    for (int s = 0; s < STAGES - 1; ++s) {
-        if (load_nb < nb_max) {
-            load_kv(load_nb, load_stage);
-            load_nb = next_visible(load_nb + 1);
-        }
-        cp_async_commit();
-        load_stage = load_stage + 1 == STAGES ? 0 : load_stage + 1;
-    }
 
     // ---- softmax state for rows g and g + 8 of this warp's 16 (CTA rows 16 warp + g (+ 8))
     const int warp_row = warp * 16;
@@ -140,27 +125,9 @@ flash_fwd_wgmma(const T* __restrict__ q, const T* __restrict__ k, const T* __res
         wgmma::wait<0>();
     };
 
-    int nb = next_visible(nb_min);
-    int stage = 0;
-    while (nb < nb_max) {
-        cp_async_wait<STAGES - 2>();
-        wgmma::fence_proxy_async();  // cp.async wrote through the generic proxy; wgmma reads the async one
-        __syncthreads();             // tile nb landed for all; every warpgroup is done with the stage refilled next
-        if (load_nb < nb_max) {
-            load_kv(load_nb, load_stage);
-            load_nb = next_visible(load_nb + 1);
-        }
-        cp_async_commit();
-        load_stage = load_stage + 1 == STAGES ? 0 : load_stage + 1;
-
-        if (needs_mask(nb))
-            tile_step(nb, stage, Bool<true>{});
-        else
-            tile_step(nb, stage, Bool<false>{});
-        nb = next_visible(nb + 1);
-        stage = stage + 1 == STAGES ? 0 : stage + 1;
-    }
-    cp_async_wait<0>();
+    run_ring<STAGES>(
+        tiles.next_visible(tiles.nb_min), tiles.nb_max, [&](int nb) { return tiles.next_visible(nb + 1); },
+        [&](int nb) { return tiles.needs_mask(nb); }, load_kv, tile_step);  // Q travels in the first group
     __syncthreads();  // all copies landed and all wgmma reads of Q are done: Q's space takes O
 
     // ---- epilogue: O / l staged row-major (swizzled, common.cuh) in Q's space, then 16-byte stores; LSE

@@ -29,4 +29,40 @@ __device__ __forceinline__ void load_rows_blocked(unsigned dst, const T* src, lo
     }
 }
 
+// The cp.async ring every Hopper attention kernel walks: a CTA's steps (KV tiles of a query tile in the forward,
+// (q head, query tile) pairs of a KV tile in the backward) in the order first, next(first), ... up to `end`
+// (next skips the steps whose tiles are invisible), STAGES - 1 steps' copies ahead. load(i, stage) issues step
+// i's copies (the first cp.async group also carries whatever the kernel issued before); per step the driver
+// waits for its stage, publishes it to the async proxy (wgmma reads it; cp.async wrote through the generic one)
+// and to every thread, refills the stage the previous step freed, and runs step(i, stage, Bool<masked>) with
+// element masks only where needs_mask(i) says the tile needs them. Returns with every copy landed.
+template <int STAGES, typename Next, typename NeedsMask, typename Load, typename Step>
+__device__ __forceinline__ void run_ring(int first, int end, const Next& next, const NeedsMask& needs_mask,
+                                         const Load& load, Step&& step) {
+    int load_i = first, load_stage = 0;
+    auto issue = [&]() {
+        if (load_i < end) {
+            load(load_i, load_stage);
+            load_i = next(load_i);
+        }
+        cp_async_commit();
+        load_stage = load_stage + 1 == STAGES ? 0 : load_stage + 1;
+    };
+#pragma unroll
+    for (int s = 0; s < STAGES - 1; ++s) issue();
+    int stage = 0;
+    for (int i = first; i < end; i = next(i)) {
+        cp_async_wait<STAGES - 2>();
+        wgmma::fence_proxy_async();
+        __syncthreads();  // step i landed for all; every thread is done with the stage refilled next
+        issue();
+        if (needs_mask(i))
+            step(i, stage, Bool<true>{});
+        else
+            step(i, stage, Bool<false>{});
+        stage = stage + 1 == STAGES ? 0 : stage + 1;
+    }
+    cp_async_wait<0>();
+}
+
 }  // namespace attn

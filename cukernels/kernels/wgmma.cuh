@@ -32,6 +32,13 @@ __device__ __forceinline__ unsigned long long desc_mn_major(unsigned smem_byte_a
            (64ull << 32) | (1ull << 62);
 }
 
+// The descriptor of the tile `bytes` further on: the start address field counts 16-byte units and shared memory
+// lies below 256 KiB, so the sum never carries out of it. A kernel that keeps one descriptor per tile and adds
+// constants per k-step holds 2 registers where per-step descriptors can take 2 per step.
+__device__ __forceinline__ unsigned long long advance(unsigned long long desc, unsigned bytes) {
+    return desc + (bytes >> 4);
+}
+
 __device__ __forceinline__ void fence() { asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory"); }
 __device__ __forceinline__ void commit() { asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory"); }
 template <int N> __device__ __forceinline__ void wait() {
