@@ -1,4 +1,4 @@
-"""``flash_attention``: validation (before any device work), planning, launch.
+"""``flash_attention``: validation (before any device work), planning, the cached launch.
 
 Accepted tensors: CuPy arrays or torch CUDA tensors. q ``[batch, seq_q, heads, head_dim]``, k and v
 ``[batch, seq_kv, kv_heads, head_dim]``, all float16 or all bfloat16 (a CuPy ``uint16`` array holds bf16 bits,
@@ -19,12 +19,12 @@ import numpy as np
 
 from cukernels import compile as _compile
 from cukernels import device as _device
-from cukernels import dtypes, tiling
+from cukernels import dtypes, launch, tiling
 
 from .configs import HEAD_DIMS, MASK_SEGMENTS, FwdProblem, plan_forward
 
 KERNELS = Path(__file__).parent / "kernels"
-KERNEL_SOURCE = KERNELS / "flash_fwd.cu"  # the mma.sync kernel and the segment-range pre-pass
+KERNEL_SOURCE = KERNELS / "flash_fwd.cu"  # holds tile_id_range, the segment-id pre-pass of every kernel
 _ALIGN_ELEMS = 8  # 16-byte cp.async copies
 
 
@@ -32,7 +32,7 @@ def _torch_dtype_name(dt) -> str | None:
     return {"torch.float16": "fp16", "torch.bfloat16": "bf16"}.get(str(dt))
 
 
-def _describe(x: Any, name: str):
+def describe(x: Any, name: str):
     """(shape, dtype name or None, strides in elements, device id or None) from attributes alone."""
     if x is None or not hasattr(x, "shape") or not hasattr(x, "dtype"):
         raise TypeError(f"{name} must be a cupy.ndarray or a torch CUDA tensor, got {type(x).__name__}")
@@ -55,7 +55,7 @@ def _describe(x: Any, name: str):
     return shape, dtype, strides, dev, dtype_text
 
 
-def _check_strides(name: str, shape, strides) -> None:
+def check_strides(name: str, shape, strides) -> None:
     if len(strides) != len(shape) or any(s is None for s in strides):
         raise ValueError(f"{name} has strides that are not whole elements: {strides}")
     if strides[-1] != 1 and shape[-1] > 1:
@@ -94,7 +94,7 @@ def validate(q, k, v, *, causal=False, window=None, segment_ids=None, softmax_sc
     ``ValueError``/``TypeError`` naming the argument."""
     descs = {}
     for name, x in (("q", q), ("k", k), ("v", v)):
-        shape, dt, strides, dev, dtype_text = _describe(x, name)
+        shape, dt, strides, dev, dtype_text = describe(x, name)
         if len(shape) != 4:
             raise ValueError(f"{name} must be 4-D [batch, seq, heads, head_dim], got shape {list(shape)}")
         if dt is None:
@@ -123,7 +123,7 @@ def validate(q, k, v, *, causal=False, window=None, segment_ids=None, softmax_sc
         raise ValueError(f"q heads ({heads}) must be a multiple of k/v heads ({kv_heads})")
     for name in ("q", "k", "v"):
         shape, _, strides, _ = descs[name]
-        _check_strides(name, shape, strides)
+        check_strides(name, shape, strides)
     devs = {qdev, kdev, vdev}
 
     if not isinstance(causal, (bool, np.bool_)):
@@ -178,6 +178,161 @@ def _window_bounds(problem: FwdProblem) -> tuple[int, int]:
     return (unbounded if left < 0 else left), (unbounded if right < 0 else right)
 
 
+# ---------------------------------------------------------------- the call: signature, cached launch
+
+
+def options_key(causal, window, segment_ids, softmax_scale):
+    """The hashable part of a call's signature that its options make, or None when they cannot be trusted to key
+    a cached call (then the call validates in full and raises, or runs uncached). Types are part of the key:
+    ``causal=1`` must not hit the entry of ``causal=True`` (validation refuses the first)."""
+    if causal is not True and causal is not False:
+        return None
+    if window is not None:
+        if type(window) not in (tuple, list) or len(window) != 2 or type(window[0]) is not int \
+                or type(window[1]) is not int:
+            return None
+        window = (window[0], window[1])
+    if segment_ids is None:
+        seg = None
+    elif type(segment_ids) in (tuple, list):
+        if len(segment_ids) != 2:
+            return None
+        a, b = launch.view(segment_ids[0]), launch.view(segment_ids[1])
+        if a is None or b is None:
+            return None
+        seg = (a[0], b[0])
+    else:
+        a = launch.view(segment_ids)
+        if a is None:
+            return None
+        seg = a[0]
+    if softmax_scale is not None and type(softmax_scale) is not float:
+        return None
+    return causal, window, seg, softmax_scale
+
+
+def segment_pair(segment_ids):
+    """``(q_ids, kv_ids)`` of either form of ``segment_ids`` (one array serves both)."""
+    if isinstance(segment_ids, (tuple, list)):
+        return segment_ids[0], segment_ids[1]
+    return segment_ids, segment_ids
+
+
+class TileRanges:
+    """The segment-id pre-pass of a call: for each query tile and each KV tile, the range of ids it holds
+    (``tile_id_range`` in flash_fwd.cu), built with the tile sizes of the kernel that reads them. ``ids`` are
+    made contiguous int32 first when they are not."""
+
+    def __init__(self, problem: FwdProblem, block_m: int, block_n: int, ws: launch.Workspace, ids_contiguous):
+        B = problem.batch
+        ranges = _compile.kernel(KERNEL_SOURCE, "tile_id_range")
+        self.ids_contiguous = ids_contiguous
+        self.offsets, self.launchers = [], []
+        for seq, tile in ((problem.seq_q, block_m), (problem.seq_kv, block_n)):
+            count = -(-seq // tile)
+            self.offsets.append(ws.add(4 * 2 * B * count))
+            self.launchers.append(launch.Launcher(
+                ranges, (-(-B * count // 128),), (128,),
+                (launch.Ptr(0), launch.Ptr(1), np.int32(seq), np.int32(tile), np.int32(count), np.int32(B))))
+
+    def ids(self, segment_ids, keep: list) -> tuple[int, int]:
+        """Pointers of contiguous (q_ids, kv_ids); copies made here are appended to ``keep``."""
+        out = []
+        for ids, contiguous in zip(segment_pair(segment_ids), self.ids_contiguous):
+            if not contiguous:
+                ids = ids.contiguous() if launch.is_torch(ids) else ids.copy(order="C")
+                keep.append(ids)
+            out.append(launch.view(ids)[1])
+        return out[0], out[1]
+
+    def launch(self, stream: int, ws_ptr: int, ids: tuple[int, int]) -> tuple[int, int]:
+        """Enqueue the pre-pass; returns the pointers of the query-tile and KV-tile ranges."""
+        out = tuple(ws_ptr + off for off in self.offsets)
+        for launcher, src, dst in zip(self.launchers, ids, out):
+            launcher.launch(stream, (src, dst))
+        return out
+
+
+def ids_contiguous(segment_ids) -> tuple[bool, bool]:
+    def contiguous(x):
+        if launch.is_torch(x):
+            return x.is_contiguous()
+        return bool(x.flags.c_contiguous)
+
+    return tuple(contiguous(x) for x in segment_pair(segment_ids))
+
+
+def element_strides(x) -> tuple[int, ...]:
+    """Strides in elements of a CuPy array or torch tensor."""
+    if launch.is_torch(x):
+        return tuple(x.stride())
+    return tuple(s // x.itemsize for s in x.strides)
+
+
+def device_of(x) -> int:
+    return x.get_device() if launch.is_torch(x) else x.data.device_id
+
+
+class ForwardCall:
+    """A validated, planned, compiled forward for one signature: ``(ptrs, segment_ids) -> (o, lse)``."""
+
+    def __init__(self, q, k, v, problem: FwdProblem, plan, softmax_scale, segment_ids):
+        import cupy
+
+        self.device = device_of(q)
+        self.frame = launch.frame(launch.is_torch(q), self.device)
+        with cupy.cuda.Device(self.device):
+            spec = _device.current()
+            if plan is None:
+                plan = plan_forward(problem, spec)
+            cfg = plan.config
+            tiling.check_fits(cfg, spec)  # a plan handed in must fit this device like a planned one
+            if cfg.head_dim != problem.head_dim:
+                raise ValueError(f"plan is for head_dim {cfg.head_dim}, the inputs have {problem.head_dim}")
+            dtype = dtypes.from_name(problem.dtype)
+            kern = _compile.kernel(KERNELS / cfg.source, cfg.name_expression(dtype=dtype, mask=problem.mask))
+            B, Sq, H, D, Skv = problem.batch, problem.seq_q, problem.heads, problem.head_dim, problem.seq_kv
+            self.dtype = problem.dtype
+            self.o_shape, self.lse_shape = (B, Sq, H, D), (B, H, Sq)
+            ws = launch.Workspace()
+            self.ranges = (TileRanges(problem, cfg.block_m, cfg.block_n, ws, ids_contiguous(segment_ids))
+                           if problem.mask & MASK_SEGMENTS else None)
+            self.ws_bytes = ws.nbytes
+            left, right = _window_bounds(problem)
+            scale = 1.0 / math.sqrt(D) if softmax_scale is None else float(softmax_scale)
+            strides = [np.int64(s) for x in (q, k, v) for s in element_strides(x)[:3]]
+            P = launch.Ptr
+            # q, k, v, o, lse, q_ids, kv_ids, q_ranges, kv_ranges (the last four unused without segments)
+            self.main = launch.Launcher(
+                kern, (-(-Sq // cfg.block_m), H, B), (cfg.threads,),
+                (P(0), P(1), P(2), P(3), P(4), P(5), P(6), P(7), P(8), *strides,
+                 np.int32(Sq), np.int32(Skv), np.int32(H), np.int32(H // problem.kv_heads),
+                 np.int32(left), np.int32(right), np.float32(scale * math.log2(math.e))),
+                smem=cfg.smem_bytes())
+
+    def __call__(self, pq: int, pk: int, pv: int, segment_ids):
+        if (pq | pk | pv) & 15:
+            launch.check_aligned(("q", "k", "v"), (pq, pk, pv))
+        if launch.current_device() != self.device:
+            return launch.on_device(self.device, self, pq, pk, pv, segment_ids)
+        f = self.frame
+        stream = f.stream()
+        o, po = f.empty(self.o_shape, self.dtype)
+        lse, plse = f.empty(self.lse_shape, "fp32")
+        if self.ranges is None:
+            self.main.launch(stream, (pq, pk, pv, po, plse, plse, plse, plse, plse))
+            return o, lse
+        keep = []
+        ids = self.ranges.ids(segment_ids, keep)
+        ws, pws = f.workspace(stream, self.ws_bytes)
+        qr, kr = self.ranges.launch(stream, pws, ids)
+        self.main.launch(stream, (pq, pk, pv, po, plse, ids[0], ids[1], qr, kr))
+        return o, lse
+
+
+_FORWARD = launch.Cache("attention.forward")
+
+
 def flash_attention(q, k, v, *, causal=False, window=None, segment_ids=None, softmax_scale=None,
                     return_lse=False, plan=None):
     """Scaled dot-product attention, FlashAttention-2 style, on CuPy arrays or torch CUDA tensors.
@@ -187,86 +342,25 @@ def flash_attention(q, k, v, *, causal=False, window=None, segment_ids=None, sof
     segment_ids: int32 [batch, seq] (seq_q == seq_kv) or a (q_ids [batch, seq_q], kv_ids [batch, seq_kv])
     pair: attend only where ids are equal. softmax_scale: default 1/sqrt(head_dim). ``plan``: a
     ``cukernels.tiling.Plan`` to use instead of the planner's (benchmarks and tuning).
-    Returns o (like q), and float32 lse [batch, heads, seq_q] when ``return_lse``.
+    Returns o (like q: CuPy in, CuPy out on CuPy's current stream; torch in, torch out on torch's current
+    stream), and float32 lse [batch, heads, seq_q] when ``return_lse``.
+
+    The first call with a signature (shapes, strides, dtypes, device, options) validates, plans and compiles;
+    later ones launch the recorded kernels (cukernels/launch.py).
     """
-    launch, o, lse, was_torch = prepare(q, k, v, causal=causal, window=window, segment_ids=segment_ids,
-                                        softmax_scale=softmax_scale, plan=plan)
-    launch()
-    out = dtypes.like_input(o, was_torch)
-    if return_lse:
-        return out, dtypes.like_input(lse, was_torch)
-    return out
-
-
-def prepare(q, k, v, *, causal=False, window=None, segment_ids=None, softmax_scale=None, plan=None):
-    """Validate, plan, compile and allocate once; return ``(launch, o, lse, was_torch)`` where ``launch()``
-    enqueues the kernel(s) writing o (CuPy, contiguous) and lse. Benchmarks time ``launch`` alone."""
-    problem = validate(q, k, v, causal=causal, window=window, segment_ids=segment_ids,
-                       softmax_scale=softmax_scale)
-    import cupy
-
-    qc, was_torch = dtypes.as_cupy(q, name="q")
-    kc, _ = dtypes.as_cupy(k, name="k")
-    vc, _ = dtypes.as_cupy(v, name="v")
-    for name, arr in (("q", qc), ("k", kc), ("v", vc)):
-        if arr.data.ptr % 16:
-            raise ValueError(f"{name}'s data pointer must be 16-byte aligned (offset views of a 16-byte "
-                             f"multiple only), got address {arr.data.ptr:#x}")
-
-    device_id = qc.device.id
-    with cupy.cuda.Device(device_id):
-        spec = _device.current()
-        if plan is None:
-            plan = plan_forward(problem, spec)
-        cfg = plan.config
-        tiling.check_fits(cfg, spec)  # a plan handed in must fit this device like a planned one
-        if cfg.head_dim != problem.head_dim:
-            raise ValueError(f"plan is for head_dim {cfg.head_dim}, the inputs have {problem.head_dim}")
-        dtype = dtypes.from_name(problem.dtype)
-        kern = _compile.kernel(KERNELS / cfg.source, cfg.name_expression(dtype=dtype, mask=problem.mask))
-
-        B, Sq, H, D = problem.batch, problem.seq_q, problem.heads, problem.head_dim
-        Skv = problem.seq_kv
-        m_tiles = (Sq + cfg.block_m - 1) // cfg.block_m
-        n_tiles = (Skv + cfg.block_n - 1) // cfg.block_n
-        o = cupy.empty((B, Sq, H, D), dtype=dtype)
-        lse = cupy.empty((B, H, Sq), dtype=cupy.float32)
-
-        pre = []
-        if problem.mask & MASK_SEGMENTS:
-            if isinstance(segment_ids, (tuple, list)):
-                q_ids = cupy.ascontiguousarray(dtypes.as_cupy(segment_ids[0], name="segment_ids[0]")[0])
-                kv_ids = cupy.ascontiguousarray(dtypes.as_cupy(segment_ids[1], name="segment_ids[1]")[0])
-            else:
-                q_ids = kv_ids = cupy.ascontiguousarray(dtypes.as_cupy(segment_ids, name="segment_ids")[0])
-            q_ranges = cupy.empty((B, m_tiles, 2), dtype=cupy.int32)
-            kv_ranges = cupy.empty((B, n_tiles, 2), dtype=cupy.int32)
-            ranges = _compile.kernel(KERNEL_SOURCE, "tile_id_range")
-            for ids, out, seq, tile, count in ((q_ids, q_ranges, Sq, cfg.block_m, m_tiles),
-                                               (kv_ids, kv_ranges, Skv, cfg.block_n, n_tiles)):
-                total = B * count
-                pre.append((((total + 127) // 128,), (128,),
-                            (ids, out, np.int32(seq), np.int32(tile), np.int32(count), np.int32(B))))
-        else:
-            q_ids = kv_ids = q_ranges = kv_ranges = lse  # unused by the kernel instance; any pointer will do
-
-        left, right = _window_bounds(problem)
-        scale = 1.0 / math.sqrt(D) if softmax_scale is None else float(softmax_scale)
-        qst = [s // qc.itemsize for s in qc.strides]
-        kst = [s // kc.itemsize for s in kc.strides]
-        vst = [s // vc.itemsize for s in vc.strides]
-        args = (qc, kc, vc, o, lse, q_ids, kv_ids, q_ranges, kv_ranges,
-                np.int64(qst[0]), np.int64(qst[1]), np.int64(qst[2]),
-                np.int64(kst[0]), np.int64(kst[1]), np.int64(kst[2]),
-                np.int64(vst[0]), np.int64(vst[1]), np.int64(vst[2]),
-                np.int32(Sq), np.int32(Skv), np.int32(H), np.int32(H // problem.kv_heads),
-                np.int32(left), np.int32(right), np.float32(scale * math.log2(math.e)))
-        grid, block, smem = (m_tiles, H, B), (cfg.threads,), cfg.smem_bytes()
-
-    def launch():
-        with cupy.cuda.Device(device_id):
-            for pre_grid, pre_block, pre_args in pre:
-                ranges.launch(pre_grid, pre_block, pre_args)
-            kern.launch(grid, block, args, smem=smem)
-
-    return launch, o, lse, was_torch
+    vq, vk, vv = launch.view(q), launch.view(k), launch.view(v)
+    opts = options_key(causal, window, segment_ids, softmax_scale)
+    if plan is None and opts is not None and vq is not None and vk is not None and vv is not None:
+        key = (vq[0], vk[0], vv[0], opts)
+        call = _FORWARD.get(key)
+        if call is None:
+            problem = validate(q, k, v, causal=causal, window=window, segment_ids=segment_ids,
+                               softmax_scale=softmax_scale)
+            call = _FORWARD.put(key, ForwardCall(q, k, v, problem, None, softmax_scale, segment_ids))
+        o, lse = call(vq[1], vk[1], vv[1], segment_ids)
+    else:
+        problem = validate(q, k, v, causal=causal, window=window, segment_ids=segment_ids,
+                           softmax_scale=softmax_scale)
+        call = ForwardCall(q, k, v, problem, plan, softmax_scale, segment_ids)
+        o, lse = call(*(launch.view(x)[1] for x in (q, k, v)), segment_ids)
+    return (o, lse) if return_lse else o

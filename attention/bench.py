@@ -26,7 +26,7 @@ from .bwd_configs import plan_backward
 from .backward_reference import attention_backward_reference
 from .reference import attention_reference
 
-SUITES = ("default", "seed004", "grug", "sweep", "quick", "ci")
+SUITES = ("default", "seed004", "grug", "sweep", "quick", "ci", "overhead")
 # expected-table rows (expected_results/*.toml [[attention]]) by suite case name
 _EXPECTED_KEY = {"seed004_b16_s2048_h16_d64": "seed004_a", "seed004_b32_s4096_h32_d128": "seed004_b"}
 FWD_BWD_FLOP_FACTOR = 3.5  # forward + backward = 1 + 2.5 forward FLOPs (five matmuls of the backward)

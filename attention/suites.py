@@ -1,7 +1,7 @@
 """Named attention shapes, shared by tests and benches (one registry, no shape typed twice).
 
 Tags: ``seed004`` (the seed's timing table), ``grug`` (seed 000's model shapes), ``quick`` (a fast bench pass),
-``ci`` (small shapes for GPU tests).
+``ci`` (small shapes for GPU tests), ``overhead`` (tiny problems, where the host's cost per call is all there is).
 """
 from __future__ import annotations
 
@@ -94,6 +94,11 @@ _CASES = [
     Case(name="ci_d256_window", batch=1, seq_q=333, heads=2, head_dim=256, window=(64, 32), tags=("ci",)),
     Case(name="ci_d128_segments", batch=2, seq_q=400, heads=4, kv_heads=1, head_dim=128, segments=3,
          tags=("ci",)),
+    # launch overhead (seed 004: < 50 us per call): the kernels take a few microseconds, the host the rest
+    *(Case(name=f"overhead_d{d}{'_causal' if causal else ''}", batch=1, seq_q=128, heads=8, head_dim=d,
+           causal=causal, tags=("overhead",)) for d in (64, 128) for causal in (False, True)),
+    Case(name="overhead_d128_gqa_causal", batch=1, seq_q=128, heads=8, kv_heads=2, head_dim=128, causal=True,
+         tags=("overhead",)),
 ]
 _BY_NAME = {c.name: c for c in _CASES}
 assert len(_BY_NAME) == len(_CASES), "duplicate case names"

@@ -1,49 +1,133 @@
-"""``attention.torch.flash_attention``: the flash attention forward and backward as one differentiable torch op.
+"""Flash attention as torch ops: ``attention.torch.flash_attention`` (differentiable) and the custom ops
+``torch.ops.cukernels.flash_attention_forward`` / ``flash_attention_backward``.
 
-torch is optional for the project: this module imports without it and only imports torch when the op is first
-used (``import attention`` never imports torch). Inputs are torch CUDA tensors in the forward's layout (q
-``[batch, seq_q, heads, head_dim]``, k, v ``[batch, seq_kv, kv_heads, head_dim]``, fp16 or bf16); gradients flow to
-q, k and v (dk, dv with kv_heads heads). Kernels run on CuPy's current stream, which for the default stream is
-torch's default stream too.
+Importing this module imports torch (``import attention`` never does) and registers the two custom ops through
+``torch.library``, with fake (meta) implementations and the forward's autograd, so ``torch.compile(fullgraph=True)``
+traces a model that calls ``flash_attention`` as one node per op, and ``torch.cuda.graph`` captures them (they
+run on ``torch.cuda.current_stream()`` with outputs from torch's allocator, see cukernels/launch.py).
+
+Inputs are torch CUDA tensors in the forward's layout (q ``[batch, seq_q, heads, head_dim]``, k, v
+``[batch, seq_kv, kv_heads, head_dim]``, fp16 or bf16); gradients flow to q, k and v (dk, dv with kv_heads
+heads). In eager mode ``flash_attention`` calls the kernels through a ``torch.autograd.Function`` directly; the
+custom ops compute the same thing through the dispatcher, which costs more host time per call than the kernels
+of a small problem take, so they are what a compiled graph calls and eager code does not.
 """
 from __future__ import annotations
 
-import functools
+from typing import Optional
+
+try:
+    import torch
+except ImportError as exc:  # pragma: no cover - exercised only without torch
+    raise ImportError("attention.torch needs PyTorch (pip install 'cukernels[torch]')") from exc
+
+from .api import flash_attention as _forward
+from .backward import flash_attention_backward as _backward
+
+Tensor = torch.Tensor
 
 
-@functools.cache
-def _function():
-    try:
-        import torch
-    except ImportError as exc:  # pragma: no cover - exercised only without torch
-        raise ImportError("attention.torch needs PyTorch (pip install 'cukernels[torch]')") from exc
+def _segments(q_ids, kv_ids):
+    return None if q_ids is None else (q_ids, kv_ids)
 
-    from .api import flash_attention as _forward
-    from .backward import flash_attention_backward as _backward
 
-    class FlashAttention(torch.autograd.Function):
-        @staticmethod
-        def forward(ctx, q, k, v, causal, window, segment_ids, softmax_scale, deterministic):
-            o, lse = _forward(q, k, v, causal=causal, window=window, segment_ids=segment_ids,
-                              softmax_scale=softmax_scale, return_lse=True)
-            ctx.save_for_backward(q, k, v, o, lse)
-            ctx.options = dict(causal=causal, window=window, segment_ids=segment_ids, softmax_scale=softmax_scale,
-                               deterministic=deterministic)
-            return o
+def _window(window):
+    return None if window is None else (int(window[0]), int(window[1]))
 
-        @staticmethod
-        def backward(ctx, do):
-            q, k, v, o, lse = ctx.saved_tensors
-            if do.stride(-1) != 1 or any(s % 8 for s in do.stride()[:-1]):
-                do = do.contiguous()
-            dq, dk, dv = _backward(do, q, k, v, o, lse, **ctx.options)
-            return dq, dk, dv, None, None, None, None, None
 
-    return FlashAttention
+def _aligned_grad(do: Tensor) -> Tensor:
+    """The kernels read dO with a contiguous head_dim and 16-byte row strides; autograd may hand a view."""
+    if do.stride(-1) != 1 or any(s % 8 for s in do.stride()[:-1]):
+        return do.contiguous()
+    return do
+
+
+# ---------------------------------------------------------------- custom ops (what torch.compile sees)
+
+
+@torch.library.custom_op("cukernels::flash_attention_forward", mutates_args=(), device_types="cuda")
+def flash_attention_forward(q: Tensor, k: Tensor, v: Tensor, causal: bool, window: Optional[list[int]],
+                            q_segment_ids: Optional[Tensor], kv_segment_ids: Optional[Tensor],
+                            softmax_scale: Optional[float], deterministic: bool) -> tuple[Tensor, Tensor]:
+    """(o, lse) of ``attention.flash_attention``; ``deterministic`` is the backward's option, kept for it."""
+    return _forward(q, k, v, causal=causal, window=_window(window),
+                    segment_ids=_segments(q_segment_ids, kv_segment_ids), softmax_scale=softmax_scale,
+                    return_lse=True)
+
+
+@flash_attention_forward.register_fake
+def _(q, k, v, causal, window, q_segment_ids, kv_segment_ids, softmax_scale, deterministic):
+    batch, seq_q, heads, head_dim = q.shape
+    return q.new_empty((batch, seq_q, heads, head_dim)), q.new_empty((batch, heads, seq_q), dtype=torch.float32)
+
+
+@torch.library.custom_op("cukernels::flash_attention_backward", mutates_args=(), device_types="cuda")
+def flash_attention_backward(do: Tensor, q: Tensor, k: Tensor, v: Tensor, o: Tensor, lse: Tensor, causal: bool,
+                             window: Optional[list[int]], q_segment_ids: Optional[Tensor],
+                             kv_segment_ids: Optional[Tensor], softmax_scale: Optional[float],
+                             deterministic: bool) -> tuple[Tensor, Tensor, Tensor]:
+    """(dq, dk, dv) of ``attention.flash_attention_backward``."""
+    return _backward(_aligned_grad(do), q, k, v, o, lse, causal=causal, window=_window(window),
+                     segment_ids=_segments(q_segment_ids, kv_segment_ids), softmax_scale=softmax_scale,
+                     deterministic=deterministic)
+
+
+@flash_attention_backward.register_fake
+def _(do, q, k, v, o, lse, causal, window, q_segment_ids, kv_segment_ids, softmax_scale, deterministic):
+    return q.new_empty(q.shape), k.new_empty(k.shape), v.new_empty(v.shape)
+
+
+def _setup_context(ctx, inputs, output):
+    q, k, v, causal, window, q_ids, kv_ids, softmax_scale, deterministic = inputs
+    o, lse = output
+    ctx.save_for_backward(q, k, v, o, lse, q_ids, kv_ids)
+    ctx.options = (causal, window, softmax_scale, deterministic)
+
+
+def _op_backward(ctx, do, dlse):
+    q, k, v, o, lse, q_ids, kv_ids = ctx.saved_tensors
+    causal, window, softmax_scale, deterministic = ctx.options
+    dq, dk, dv = torch.ops.cukernels.flash_attention_backward(do, q, k, v, o, lse, causal, window, q_ids, kv_ids,
+                                                              softmax_scale, deterministic)
+    return dq, dk, dv, None, None, None, None, None, None
+
+
+flash_attention_forward.register_autograd(_op_backward, setup_context=_setup_context)
+
+
+# ---------------------------------------------------------------- eager
+
+
+class _FlashAttention(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, q, k, v, causal, window, segment_ids, softmax_scale, deterministic):
+        o, lse = _forward(q, k, v, causal=causal, window=window, segment_ids=segment_ids,
+                          softmax_scale=softmax_scale, return_lse=True)
+        ctx.save_for_backward(q, k, v, o, lse)
+        ctx.options = (causal, window, segment_ids, softmax_scale, deterministic)
+        return o
+
+    @staticmethod
+    def backward(ctx, do):
+        q, k, v, o, lse = ctx.saved_tensors
+        causal, window, segment_ids, softmax_scale, deterministic = ctx.options
+        dq, dk, dv = _backward(_aligned_grad(do), q, k, v, o, lse, causal=causal, window=window,
+                               segment_ids=segment_ids, softmax_scale=softmax_scale, deterministic=deterministic)
+        return dq, dk, dv, None, None, None, None, None
+
+
+_compiling = torch.compiler.is_compiling
 
 
 def flash_attention(q, k, v, *, causal=False, window=None, segment_ids=None, softmax_scale=None,
                     deterministic=False):
     """Differentiable flash attention on torch CUDA tensors; options as ``attention.flash_attention`` plus
-    ``deterministic`` for the backward."""
-    return _function().apply(q, k, v, causal, window, segment_ids, softmax_scale, deterministic)
+    ``deterministic`` for the backward. Returns o."""
+    if _compiling():
+        q_ids, kv_ids = (None, None) if segment_ids is None else (
+            tuple(segment_ids) if isinstance(segment_ids, (tuple, list)) else (segment_ids, segment_ids))
+        o, _ = torch.ops.cukernels.flash_attention_forward(
+            q, k, v, causal, None if window is None else list(window), q_ids, kv_ids,
+            None if softmax_scale is None else float(softmax_scale), deterministic)
+        return o
+    return _FlashAttention.apply(q, k, v, causal, window, segment_ids, softmax_scale, deterministic)

@@ -6,6 +6,18 @@ checks every implementation's output against the reference (on poisoned memory),
 passed with the one timer, rechecks the output of the timed runs, and records peak device memory. A result
 with a failed check is reported as failed, never as fast.
 
+Every row has three times, all of the same callable (the public call, as ``Impl.prepare`` returns it):
+
+- held device time (``median_ms``): the one timer, events around the work, L2 flushed, the stream held while the
+  host enqueues (below). It says how good the kernels are.
+- time as called (``as_called_ms``): wall time per call of back-to-back calls with one device synchronisation at
+  the end, no flush (``timing.as_called``). It is what a user gets: host and device overlapped.
+- host µs per call (``host_us``): calls enqueued behind the holding kernel, timed on the host (``timing.host_us``):
+  the Python and launch cost alone, which decides the tiny problems of the ``overhead`` suites. A call that waits
+  for the device is timed without the hold and says so (``host_us_held`` False).
+
+The last two are taken once, after the first round.
+
 Within a case every implementation is timed the same way: device time with the stream held (timing.py) when
 all of them enqueue without waiting for the device, otherwise all of them unheld (host time included), so a
 baseline that synchronises is never set against our device time alone. ``Result.clocks["held"]`` records it.
@@ -88,6 +100,9 @@ class Result:
     throttled: bool = False
     peak_memory_bytes: int | None = None
     plan: str | None = None
+    as_called_ms: float | None = None  # wall time per call, back to back with one synchronisation at the end
+    host_us: float | None = None  # host time per call
+    host_us_held: bool | None = None  # False: the call waits for the device, and host_us includes the wait
 
     @property
     def ok(self) -> bool:
@@ -181,6 +196,9 @@ class _Timed:
     rounds: list = dataclasses.field(default_factory=list)  # one timing.Timing per round
     failed: str = ""  # the first failed check after a round
     peak_memory_bytes: int | None = None
+    as_called_ms: float | None = None
+    host_us: float | None = None
+    host_us_held: bool | None = None
     error: Result | None = None
 
     @property
@@ -247,6 +265,8 @@ def run(
             rows.append(timed)
             try:
                 _time_round(op, case, timed, fn, reference, rounds, **first)
+                timed.as_called_ms = _timing.as_called(fn)
+                timed.host_us, timed.host_us_held = _timing.host_us(fn, per_call_ms=timed.as_called_ms)
                 timed.peak_memory_bytes = peak_memory(fn)
             except Exception as exc:
                 timed.error = _error(timed.base, exc)
@@ -290,7 +310,11 @@ def _check_first(op, case, impl, inputs, reference, base, plan_of):
     """The implementation's first output against the reference: a failed-check Result, or (_Timed, fn)."""
     fn = impl.prepare(case, inputs)
     _checks.poison_pool(op.poison_bytes(case))
-    first = op.check(case, fn(), reference)
+    try:
+        out = fn()
+    finally:
+        _checks.stop_poisoning()
+    first = op.check(case, out, reference)
     checks = [dataclasses.asdict(c) for c in first]
     plan = plan_of(case) if not impl.baseline else None
     if not all(c.passed for c in first):
@@ -319,7 +343,8 @@ def _result(timed: _Timed, spec) -> Result:
                   converged=t.converged, tflops=tflops, gbs=gbs, pct_peak=pct,
                   round_medians_ms=list(t.round_medians_ms), round_noise=t.round_noise, checks=timed.checks,
                   clocks=t.clocks, throttled=t.throttled, peak_memory_bytes=timed.peak_memory_bytes,
-                  plan=timed.plan)
+                  plan=timed.plan, as_called_ms=timed.as_called_ms, host_us=timed.host_us,
+                  host_us_held=timed.host_us_held)
 
 
 def _rank(results: list[Result]) -> None:

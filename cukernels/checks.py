@@ -153,15 +153,33 @@ def compare(actual, reference, *, tol: Tolerance, naive=None, name: str = "out")
 
 
 def poison_pool(nbytes: int, byte: int = 0xFF) -> None:
-    """Poison memory that CuPy's pool will hand out next: fill ``nbytes`` with ``byte`` and free it, so outputs an
-    op allocates itself start poisoned. 0xFF is NaN in fp32/fp16/bf16 (an unwritten float fails ``compare``);
-    for integer outputs where -1 is legal pick another byte (0x7F gives 0x7F7F7F7F in int32)."""
+    """Poison the memory that CuPy hands out next: until ``nbytes`` more have been allocated, every allocation
+    through CuPy's current allocator is filled with ``byte`` on the current stream before it is returned, so
+    outputs an op allocates itself start poisoned. 0xFF is NaN in fp32/fp16/bf16 (an unwritten float fails
+    ``compare``); for integer outputs where -1 is legal pick another byte (0x7F gives 0x7F7F7F7F in int32).
+
+    Filling each block as it is handed out (rather than filling one freed block and hoping the pool reuses it)
+    holds whatever the pool's fragmentation: a best-fit pool serves a small request from the smallest free
+    remainder, which a poisoned large block is not."""
     import cupy
 
-    # with other free blocks in the pool, a small allocation could be served from one of them instead of the
-    # poisoned chunk: return them to the device first, so the poisoned chunk is the only free memory
-    cupy.get_default_memory_pool().free_all_blocks()
-    block = cupy.empty(int(nbytes), dtype=cupy.uint8)
-    block.fill(byte)
-    cupy.cuda.get_current_stream().synchronize()
-    del block
+    pool_malloc = cupy.get_default_memory_pool().malloc
+    remaining = [int(nbytes)]
+
+    def malloc(size: int):
+        mem = pool_malloc(size)
+        if size:
+            cupy.cuda.runtime.memsetAsync(mem.ptr, byte, size, cupy.cuda.get_current_stream().ptr)
+        remaining[0] -= size
+        if remaining[0] <= 0:
+            cupy.cuda.set_allocator(pool_malloc)
+        return mem
+
+    cupy.cuda.set_allocator(malloc)
+
+
+def stop_poisoning() -> None:
+    """Back to CuPy's pool as it is (``poison_pool`` stops by itself after its bytes; timing must not wait)."""
+    import cupy
+
+    cupy.cuda.set_allocator(cupy.get_default_memory_pool().malloc)

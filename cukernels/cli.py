@@ -2,7 +2,7 @@
 
 An op describes itself with an ``OpBench`` (its suites, implementations, plan rows, expected-table kind); this
 module does the rest: options, plan mode with no GPU, the check-then-time loop, scoring against the expected
-table, and the table / JSON / markdown / plot outputs.
+table (each row, and the run's kernel launch overhead), and the table / JSON / markdown / plot outputs.
 """
 from __future__ import annotations
 
@@ -173,14 +173,15 @@ def main(ob: OpBench, argv: Sequence[str] | None = None) -> int:
     print(f"{ob.prog}: suite {args.suite}, {args.dtype}, {spec.name}; "
           f"{'expected: ' + table.note if table else 'no expected table'}; {time.perf_counter() - t0:.0f} s")
     print(report.table(results, extra))
-    more = ob.extra_output(results, args)
+    overhead = score.launch_overhead(results, table)
+    more = "\n\n".join(x for x in (report.launch_overhead_line(overhead), ob.extra_output(results, args)) if x)
     if more:
         print(more)
     if any(r.throttled for r in results):
         print("note: some rows ran with the clock pulled down (power/thermal): marked THROTTLED")
     if args.json:
         report.to_json(results, env, args.json, suite=args.suite, expected_table=table.note if table else None,
-                       scores=extra)
+                       scores=extra, launch_overhead=overhead)
     if args.plot:
         for path in report.plots(results, by_name, Path(args.plot)):
             print(f"plot: {path}")

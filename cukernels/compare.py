@@ -9,7 +9,8 @@ time ("host-incl": an implementation of its case synchronises the host), or one 
 one round, also moves between moments of a run and between processes; the bench times it in rounds spread over
 the run and states the larger of its samples' spread and half the range of its round medians
 (cukernels/bench.py), so a rerun is judged against what the run itself saw of that drift. The ``timed`` column
-says how each row of A was timed.
+says how each row of A was timed. A row's time as called and host µs per call (``as_called_ms``, ``host_us``) are
+informative and not compared.
 """
 from __future__ import annotations
 

@@ -115,7 +115,13 @@ class Kernel:
     def registers(self) -> int:
         return int(self._raw.num_regs)
 
-    def launch(self, grid, block, args, *, smem: int = 0, stream=None) -> None:
+    @property
+    def handle(self) -> int:
+        """The ``CUfunction`` (loaded on this kernel's device) for ``cukernels.launch.Launcher``."""
+        return int(self._raw.kernel.ptr)
+
+    def reserve_smem(self, smem: int) -> None:
+        """Check ``smem`` dynamic bytes against the device and raise the kernel's dynamic limit to it once."""
         if smem + self.static_smem > self.spec.smem_per_block_optin:
             raise ValueError(
                 f"{self.name_expression}: {smem} bytes of dynamic shared memory requested beside "
@@ -125,6 +131,11 @@ class Kernel:
             with self._lock:
                 self._raw.max_dynamic_shared_size_bytes = smem
                 self._smem_raised_to = smem
+
+    def launch(self, grid, block, args, *, smem: int = 0, stream=None) -> None:
+        """A one-off launch through CuPy (arrays and NumPy scalars as arguments); the ops' hot paths use
+        ``cukernels.launch.Launcher`` instead."""
+        self.reserve_smem(smem)
         self._raw(tuple(grid), tuple(block), tuple(args), shared_mem=smem, stream=stream)
 
 

@@ -94,6 +94,33 @@ def _is_torch(x) -> bool:
     return type(x).__module__.startswith("torch")
 
 
+_TORCH_STORAGE = {"torch.float16": FP16, "torch.bfloat16": BF16, "torch.float32": FP32,
+                  "torch.int32": np.dtype(np.int32), "torch.int16": np.dtype(np.int16)}
+
+
+def storage(x) -> np.dtype | None:
+    """The storage dtype of a CuPy/NumPy array or torch tensor in this project's terms (torch bfloat16 ->
+    ``BF16``, uint16 bits), or None for a torch dtype with no such storage."""
+    if _is_torch(x):
+        return _TORCH_STORAGE.get(str(x.dtype))
+    return np.dtype(x.dtype)
+
+
+def text(x) -> str:
+    """The element type as the caller wrote it, for error messages: ``bfloat16`` for a torch bf16 tensor,
+    ``uint16 (bfloat16 bits)`` for a CuPy uint16 array."""
+    if _is_torch(x):
+        return str(x.dtype).removeprefix("torch.")
+    dt = np.dtype(x.dtype)
+    return "uint16 (bfloat16 bits)" if dt == BF16 else str(dt)
+
+
+def is_c_contiguous(x) -> bool:
+    if _is_torch(x):
+        return x.is_contiguous()
+    return bool(x.flags.c_contiguous)
+
+
 def as_cupy(x, *, name: str):
     """Return ``(cupy_array, was_torch)``. torch CUDA tensors are wrapped zero-copy (bf16 as uint16 bits)."""
     import cupy

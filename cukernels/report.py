@@ -34,12 +34,16 @@ def rows(results: Sequence[Result]) -> list[dict]:
             timing = f"{r.median_ms:.4f} ±{100 * r.rel_noise:.1f}%" + (" THROTTLED" if r.throttled else "")
             if r.clocks.get("held") is False:
                 timing += " host-incl"  # an implementation of this case synchronises: all timed with host time
+            called = _fmt(r.as_called_ms, ".4f")
+            host = "" if r.host_us is None else f"{r.host_us:.1f}" + ("" if r.host_us_held else " syncs")
         else:
-            timing = f"{r.status}: {r.reason[:80]}"
+            timing, called, host = f"{r.status}: {r.reason[:80]}", "", ""
         out.append({
             "case": r.case,
             "impl": r.impl,
             "median ms": timing,
+            "as called ms": called,
+            "host µs": host,  # "syncs": the call waits for the device, timed unheld with the wait included
             "TFLOP/s": _fmt(r.tflops, ".1f"),
             "GB/s": _fmt(r.gbs, ",.0f"),
             "% peak": _fmt(r.pct_peak, ".0f"),
@@ -59,6 +63,20 @@ def table(results: Sequence[Result], extra: Sequence[dict] | None = None) -> str
     if not data:
         return "(no results)"
     return tabulate(data, headers="keys", tablefmt="github", disable_numparse=True)
+
+
+def launch_overhead_line(overhead: dict | None) -> str:
+    """``score.launch_overhead`` as the line printed after the table."""
+    if overhead is None:
+        return ""
+    o = overhead
+    verdict = (f"target < {o['target_us']:g} µs: {o['verdict']}" if o["target_us"] is not None
+               else "no expected table, no target")
+    line = (f"kernel launch overhead (seed 004): {o['measured_us']:.1f} µs, the mean host µs per call of "
+            f"{o['rows']} rows of {', '.join(o['impls'])}; {verdict}")
+    if o["unheld_rows"]:
+        line += f" ({o['unheld_rows']} rows wait for the device: their host µs includes the wait)"
+    return line
 
 
 def to_json(results: Sequence[Result], environment: dict, path: str | Path | None = None, **meta) -> str:
@@ -176,6 +194,10 @@ def markdown(results: Sequence[Result], scores: Sequence[dict], env: dict, path:
     lines.append("- Times are device time (the stream is held until the work is enqueued) except in cases where an "
                  "implementation synchronises the host; there every implementation includes host time "
                  f"(\"host-incl\"): {', '.join(unheld) or 'none'}.")
+    lines.append("- \"as called ms\" is the wall time per call of back-to-back calls with one synchronisation at "
+                 "the end (no flush, nothing held): what a user gets. \"host µs\" is the host's time per call, taken "
+                 "with the stream held (the Python and launch cost); \"syncs\" marks a call that waits for the device, "
+                 "timed without the hold.")
     lines.append(f"- Relative noise (half the p20–p80 spread over the median; rows timed in rounds: below): "
                  f"median over rows {100 * _median([r.rel_noise or 0 for r in ok]):.1f}%; {len(noisy)} rows above 2%.")
     pooled = [r for r in ok if r.round_medians_ms]

@@ -5,7 +5,8 @@ and A10; measured runs for H200). The GPU is matched through its profile; a prof
 (H200 -> H100), and the output says so. Each measured row gets: the expected value, a verdict against it
 (SAME / FASTER / SLOWER within the measured noise), the percent of the reference and a grade by the table's
 boundaries. An expected entry that would need more than the device's peak FLOP/s or bandwidth is marked
-implausible, with the arithmetic, instead of being used.
+implausible, with the arithmetic, instead of being used. The run as a whole gets seed 004's kernel launch overhead
+line (``launch_overhead``).
 """
 from __future__ import annotations
 
@@ -128,3 +129,18 @@ def plausibility(expected_ms: float, *, flops: float, bytes_moved: float, spec: 
     worst = max(shares, default=0.0)
     level = "implausible" if worst > 1.0 else "doubtful" if worst > ACHIEVABLE_FRACTION else "plausible"
     return Plausibility(level, "; ".join(parts) or "no work counted")
+
+
+def launch_overhead(results, table: Table | None) -> dict | None:
+    """Seed 004's "average kernel launch overhead < 50 µs", graded from the run: the mean host µs per call
+    (``Result.host_us``) over every passing row of our implementations (not the baselines). Run on an ``overhead``
+    suite, whose problems are tiny, the host cost is all a call costs; on other suites it is the same cost beside
+    larger kernels. None when no such row was measured; no verdict without an expected table."""
+    ours = [r for r in results if r.ok and not r.baseline and r.host_us is not None]
+    if not ours:
+        return None
+    target = table.doc.get("utilisation", {}).get("kernel_launch_overhead_target_us") if table else None
+    measured = sum(r.host_us for r in ours) / len(ours)
+    return {"measured_us": measured, "target_us": target, "rows": len(ours),
+            "impls": sorted({r.impl for r in ours}), "unheld_rows": sum(r.host_us_held is False for r in ours),
+            "verdict": "" if target is None else "PASS" if measured < target else "FAIL"}

@@ -20,12 +20,17 @@ process runs on), which one burst of samples cannot see: its p20–p80 band may 
 of the same call timed a few seconds later or in another process. ``pool`` joins rounds of the same work timed
 at different moments of a run (``bench.run`` spreads them over the run) into one figure whose noise is the
 larger of the two spreads: of all the samples, and of the round medians (half their range over the median).
+
+What a user gets is timed apart from ``benchmark``: ``as_called`` is the wall time per call of back-to-back calls
+with one device synchronisation at the end (host and device overlap, no hold, no flush), ``host_us`` the host's
+own time per call, taken while the holding kernel keeps the device from stalling the host.
 """
 from __future__ import annotations
 
 import dataclasses
 import functools
 import itertools
+import math
 import time
 from pathlib import Path
 from typing import Callable, Sequence
@@ -178,6 +183,59 @@ def can_hold(fn: Callable[[], object]) -> bool:
     release()
     cupy.cuda.get_current_stream().synchronize()
     return state[1] == 0
+
+
+HOST_CALLS = 20  # calls enqueued behind one hold by host_us: a burst that never fills the launch queue
+_HOLD_SHARE = 4  # host_us keeps its burst under a quarter of the hold's timeout, so a slow host never trips it
+
+
+def as_called(fn: Callable[[], object], *, min_calls: int = 20, min_ms: float = 10.0, repeats: int = 5) -> float:
+    """Wall time per call (ms) of back-to-back calls of a warm ``fn`` with one device synchronisation at the end,
+    the way a training step sees it: no hold, no L2 flush between calls. A repeat is ``min_calls`` calls, or fewer
+    when they last ``min_ms`` anyway; the median of ``repeats`` repeats."""
+    import cupy
+
+    def per_call(calls: int) -> float:
+        t0 = time.perf_counter()
+        for _ in range(calls):
+            fn()
+        cupy.cuda.Device().synchronize()  # the device, not a stream: torch may enqueue on its own
+        return (time.perf_counter() - t0) * 1e3 / calls
+
+    one = per_call(1)  # with a synchronisation's latency: an over-estimate, which sizes the repeats
+    calls = min(min_calls, max(1, math.ceil(min_ms / one)))
+    return float(np.median([per_call(calls) for _ in range(repeats)]))
+
+
+def host_us(fn: Callable[[], object], *, per_call_ms: float, calls: int = HOST_CALLS,
+            repeats: int = 5) -> tuple[float, bool]:
+    """Host time per call (µs) of a warm ``fn`` and whether it was taken held. The calls are enqueued while the
+    holding kernel keeps the stream, timed from before the first to after the last, then released: the device
+    never stalls the host, so this is the Python and launch cost alone. ``per_call_ms`` bounds one call's host time
+    (the as-called time does) and shortens the burst to stay well inside the hold's timeout. A call that waits for
+    the device trips the timeout instead; it is then timed without the hold and ``False`` says the figure includes
+    that wait. The median of ``repeats`` bursts."""
+    import cupy
+
+    dev_id = cupy.cuda.Device().id
+    _, state = _hold_state(dev_id)
+    calls = max(1, min(calls, int(_HOLD_TIMEOUT_NS / 1e6 / _HOLD_SHARE / max(per_call_ms, 1e-6))))
+    held, samples = True, []
+    while len(samples) < repeats:
+        state[1] = 0
+        release = _hold(dev_id) if held else None
+        t0 = time.perf_counter()
+        for _ in range(calls):
+            fn()
+        elapsed = time.perf_counter() - t0
+        if release is not None:
+            release()
+        cupy.cuda.Device().synchronize()
+        if held and state[1]:  # the hold timed out: fn waits for the device; this burst stalled on it
+            held = False
+            continue
+        samples.append(elapsed * 1e6 / calls)
+    return float(np.median(samples)), held
 
 
 def _clock_summary(readings: list[dict]) -> dict:

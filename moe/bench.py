@@ -1,8 +1,9 @@
 """``python -m moe.bench``: the MoE pieces checked then timed beside what a user would run instead — routing +
-permutation, gather and combine beside the same pipeline in torch (softmax + topk + bincount + argsort;
-index_select; index_add); the grouped expert GEMM beside cuBLAS (one GEMM, or a per-expert loop); the whole
-``MoELayer`` beside torch's per-expert cuBLAS loop and ``torch._grouped_mm``. torch baselines are skipped with a
-reason when torch is missing; cuBLAS through CuPy is always there (fp16; bf16 through torch's cuBLAS).
+permutation (and routing alone, on the ``overhead`` suite), gather and combine beside the same pipeline in torch
+(softmax + topk + bincount + argsort; index_select; index_add); the grouped expert GEMM beside cuBLAS (one GEMM,
+or a per-expert loop); the whole ``MoELayer`` beside torch's per-expert cuBLAS loop and ``torch._grouped_mm``.
+torch baselines are skipped with a reason when torch is missing; cuBLAS through CuPy is always there (fp16; bf16
+through torch's cuBLAS).
 
 ``--plan [--profile NAME] [--compile]`` needs no GPU: each kernel's config, its shared memory against the limit,
 and with ``--compile`` its registers and spills. The GPU run ends with the expert-utilisation figures of each
@@ -24,6 +25,7 @@ from .grouped_gemm import grouped_gemm
 from .layer import MoELayer
 
 _KINDS = ("route+permute", "gather", "combine", "layer")
+_ROUTING = ("route", "route+permute")  # the kinds whose input is the router logits alone
 
 
 # ---------------------------------------------------------------- cases
@@ -32,8 +34,8 @@ _KINDS = ("route+permute", "gather", "combine", "layer")
 def case_bytes(kind: str, tokens: int, experts: int, top_k: int, hidden: int | None, itemsize: int) -> int:
     """Fewest bytes one call must move through device memory (read + written)."""
     slots = tokens * top_k
-    if kind == "route+permute":  # logits in; weights, ids, sorted slots, inverse out
-        return tokens * experts * itemsize + 4 * slots * 4
+    if kind in _ROUTING:  # logits in; weights, ids (with the permutation also sorted slots, inverse) out
+        return tokens * experts * itemsize + (4 if kind == "route+permute" else 2) * slots * 4
     if kind == "gather":  # every token row read once, every slot row written
         return (tokens + slots) * hidden * itemsize + slots * 4
     if kind == "combine":  # every slot row read once, every token row written; weights and inverse read
@@ -58,7 +60,7 @@ def cases_for(shapes, dtype: str) -> list[bench.Case]:
                 bytes=itemsize * (s.rows * s.k + s.experts * s.n * s.k + s.rows * s.n), dtype=dtype))
             continue
         kinds = _KINDS if s.intermediate else _KINDS[:3] if s.hidden else _KINDS[:1]
-        for kind in kinds:
+        for kind in (("route",) if s.route_alone else ()) + kinds:
             params = dict(kind=kind, shape=s.name, tokens=s.tokens, experts=s.experts, top_k=s.top_k,
                           hidden=s.hidden, dtype=dtype)
             if kind == "layer":
@@ -123,7 +125,7 @@ def make_inputs(case: bench.Case, seed: int):
                                      x=dtypes.random((p["tokens"], p["hidden"]), dt, seed=seed))
     logits = dtypes.random((p["tokens"], p["experts"]), dt, seed=seed, scale=2.0)
     inputs = types.SimpleNamespace(logits=logits)
-    if p["kind"] != "route+permute":
+    if p["kind"] not in _ROUTING:
         inputs.routing = routing.route(logits, p["top_k"])
         inputs.dispatch = dispatch.permute(inputs.routing)
         rows = inputs.dispatch.rows
@@ -138,7 +140,7 @@ def make_reference(case: bench.Case, inputs):
     p = case.params
     if p["kind"] in ("gemm", "layer"):
         return inputs  # checked on sampled rows against an fp32 reference built in check()
-    if p["kind"] == "route+permute":
+    if p["kind"] in _ROUTING:
         return types.SimpleNamespace(route=reference.route(inputs.logits, p["top_k"]),
                                      logits=reference.logits_f32(inputs.logits))
     d = inputs.dispatch
@@ -166,12 +168,15 @@ def _sampled_compare(actual, ref, *, tol, name, sample_rows=2048):
 
 
 def _route_outputs(out):
-    """(weights, experts, aux, z, sorted_slots, inverse) as CuPy arrays, from ours or torch's pipeline."""
+    """(weights, experts, aux, z) and, after a permutation, (sorted_slots, inverse) as CuPy arrays, from ours (a
+    ``Routing``, or it and a ``Dispatch``) or torch's pipeline."""
     import cupy
 
-    if isinstance(out, tuple) and isinstance(out[0], routing.Routing):
+    if isinstance(out, routing.Routing):
+        return out.weights, out.experts, out.aux_loss, out.z_loss
+    if isinstance(out[0], routing.Routing):
         r, d = out
-        return r.weights, r.experts, r.aux_loss, r.z_loss, d.sorted_slots, d.inverse.ravel()
+        return (*_route_outputs(r), d.sorted_slots, d.inverse.ravel())
     return tuple(cupy.from_dlpack(t.contiguous()) for t in out)
 
 
@@ -241,26 +246,29 @@ def check(case: bench.Case, out, ref) -> list[checks.CheckResult]:
     if p["kind"] == "combine":
         tol = checks.TOLERANCES[p["dtype"]]
         return [_sampled_compare(out, ref, tol=tol, name="combined rows")]
-    weights, experts, aux, z, sorted_slots, inverse = _route_outputs(out)
+    weights, experts, aux, z, *permutation = _route_outputs(out)
     x32, ref = ref.logits, ref.route
     e_host = experts.get().astype(np.int64)
     chosen = -np.sort(-np.take_along_axis(x32, e_host, axis=1), axis=1)
     expected = -np.sort(-np.take_along_axis(x32, ref.experts.astype(np.int64), axis=1), axis=1)
     w_sorted = -np.sort(-weights.get().astype(np.float64), axis=1)
     ref_w = -np.sort(-ref.weights, axis=1)
-    slots = experts.size
-    ids = experts.ravel()
-    order_ok = bool((inverse[sorted_slots] == cupy.arange(slots, dtype=inverse.dtype)).all()) and bool(
-        (cupy.diff(ids[sorted_slots]) >= 0).all())
-    return [
+    verdicts = [
         _verdict("chosen logits", np.array_equal(chosen, expected, equal_nan=True), "the k largest logits per token"),
         checks.compare(w_sorted, ref_w, tol=checks.Tolerance(atol=1e-5, rtol=1e-4), name="weights"),
         checks.compare(np.array([float(aux)]), np.array([ref.aux_loss]), tol=checks.Tolerance(atol=0, rtol=1e-3),
                        name="aux_loss"),
         checks.compare(np.array([float(z)]), np.array([ref.z_loss]), tol=checks.Tolerance(atol=0, rtol=1e-4),
                        name="z_loss"),
-        _verdict("permutation", order_ok, "slots grouped by expert; inverse[sorted_slots] == arange"),
     ]
+    if p["kind"] == "route":
+        return verdicts
+    sorted_slots, inverse = permutation
+    slots = experts.size
+    ids = experts.ravel()
+    order_ok = bool((inverse[sorted_slots] == cupy.arange(slots, dtype=inverse.dtype)).all()) and bool(
+        (cupy.diff(ids[sorted_slots]) >= 0).all())
+    return verdicts + [_verdict("permutation", order_ok, "slots grouped by expert; inverse[sorted_slots] == arange")]
 
 
 # ---------------------------------------------------------------- implementations
@@ -272,6 +280,8 @@ def _ours(case: bench.Case, inputs):
         return lambda: grouped_gemm(inputs.a, inputs.b, inputs.offsets_d)
     if p["kind"] == "layer":
         return lambda: inputs.layer(inputs.x)
+    if p["kind"] == "route":
+        return lambda: routing.route(inputs.logits, p["top_k"])
     if p["kind"] == "route+permute":
         def fn():
             r = routing.route(inputs.logits, p["top_k"])
@@ -297,11 +307,11 @@ def _torch(case: bench.Case, inputs):
 
     p = case.params
     k, experts = p["top_k"], p["experts"]
-    if p["kind"] == "route+permute":
+    if p["kind"] in _ROUTING:
         logits = dtypes.like_input(inputs.logits, True)
         tokens = logits.shape[0]
 
-        def fn():
+        def route():
             x = logits.float()
             probs = torch.softmax(x, dim=-1)
             w, ids = torch.topk(probs, k, dim=-1)
@@ -309,11 +319,17 @@ def _torch(case: bench.Case, inputs):
             counts = torch.bincount(ids.flatten(), minlength=experts)
             aux = experts * ((counts.float() / (tokens * k)) * probs.mean(dim=0)).sum()
             z = torch.logsumexp(x, dim=-1).square().mean()
+            return w, ids, aux, z
+        if p["kind"] == "route":
+            return route
+
+        def route_permute():
+            w, ids, aux, z = route()
             order = torch.argsort(ids.flatten(), stable=True)
             inverse = torch.empty_like(order)
             inverse[order] = torch.arange(order.numel(), device=order.device)
             return w, ids.int(), aux, z, order.int(), inverse.int()
-        return fn
+        return route_permute
     token_of_row = dtypes.like_input(inputs.dispatch.sorted_slots // k, True).long()
     if p["kind"] == "gather":
         x = dtypes.like_input(inputs.x, True)
@@ -417,7 +433,7 @@ def _grouped_mm_missing() -> str | None:
 
 
 def impls(args) -> list[bench.Impl]:
-    pieces = ("route+permute", "gather", "combine")
+    pieces = (*_ROUTING, "gather", "combine")
     return [
         bench.Impl(name="ours", prepare=_ours),
         bench.Impl(name="torch", prepare=_torch, baseline=True, unavailable=_torch_unavailable, supports=_only(pieces, "the torch pipeline covers routing, "
@@ -451,14 +467,16 @@ def kernel_plans(case: bench.Case, spec) -> list[tuple[str, object, object]]:
                                                           dtype=p["dtype"]), spec)
         return [(GEMM_SOURCE, up.config.name_expression(dtype=dt, epilogue="swiglu"), up),
                 (GEMM_SOURCE, down.config.name_expression(dtype=dt), down)]
-    if p["kind"] == "route+permute":
+    if p["kind"] in _ROUTING:
         route = configs.plan_route(configs.RouteProblem(tokens=p["tokens"], experts=p["experts"], top_k=p["top_k"],
                                                         dtype=p["dtype"]), spec)
         finish = configs.plan_finish(spec)
+        plans = [(launch.ROUTE_SOURCE, route.config.name_expression(dtype=dt), route),
+                 (launch.ROUTE_SOURCE, finish.config.name_expression(), finish)]
+        if p["kind"] == "route":
+            return plans
         scatter = configs.plan_scatter(spec)
-        return [(launch.ROUTE_SOURCE, route.config.name_expression(dtype=dt), route),
-                (launch.ROUTE_SOURCE, finish.config.name_expression(), finish),
-                (launch.DISPATCH_SOURCE, scatter.config.name_expression(), scatter)]
+        return plans + [(launch.DISPATCH_SOURCE, scatter.config.name_expression(), scatter)]
     rows = dispatch.capacity(p["tokens"], p["top_k"], p["experts"], None)
     if p["kind"] == "gather":
         g = configs.plan_gather(configs.RowsProblem(rows=rows, hidden=p["hidden"], top_k=p["top_k"],
@@ -538,7 +556,7 @@ def router_share(results, args) -> str:
     ours = {r.case: r for r in results if r.impl == "ours" and r.ok}
     rows = []
     for name, r in ours.items():
-        if not name.endswith(" layer"):
+        if not name.endswith(" layer") or "seed004" not in r.tags:  # seed 004 batches only: a tiny layer is host time
             continue
         shape = name.removesuffix(" layer")
         route = ours.get(f"{shape} route+permute")

@@ -12,7 +12,8 @@ import dataclasses
 from cukernels import dtypes, tiling
 from cukernels.device import DeviceSpec
 
-MAX_EXPERTS = 256  # moe_permute_scatter's shared arrays; route's lanes hold at most 8 experts each
+EXPERTS_PER_LANE = (1, 2, 4, 8, 16)  # moe_route's instances: experts in each lane's registers
+MAX_EXPERTS = 512  # = WARP * EXPERTS_PER_LANE[-1], and the size of moe_permute_scatter's shared arrays
 MAX_TOP_K = 8
 WARP = 32
 
@@ -51,13 +52,13 @@ class RouteConfig:
     """moe_route: one warp per token, ``experts_per_lane`` experts in each lane's registers, ``warps`` warps per
     block, each block owning ``warps * tokens_per_warp`` consecutive tokens (the blocks of the stable scatter)."""
 
-    experts_per_lane: int  # 1, 2, 4, 8: experts <= 32 * experts_per_lane
+    experts_per_lane: int  # one of EXPERTS_PER_LANE: experts <= 32 * experts_per_lane
     warps: int = 8
     tokens_per_warp: int = 8  # a runtime argument: more tokens per block, fewer per-block partials
 
     def __post_init__(self):
-        if self.experts_per_lane not in (1, 2, 4, 8):
-            raise ValueError(f"experts_per_lane must be 1, 2, 4 or 8, got {self.experts_per_lane}")
+        if self.experts_per_lane not in EXPERTS_PER_LANE:
+            raise ValueError(f"experts_per_lane must be one of {EXPERTS_PER_LANE}, got {self.experts_per_lane}")
         if self.warps not in (4, 8) or not 1 <= self.tokens_per_warp <= 64:
             raise ValueError(f"warps must be 4 or 8 and tokens_per_warp 1..64, got {self.warps}, {self.tokens_per_warp}")
 
@@ -167,7 +168,10 @@ class CombineConfig:
 
 
 def experts_per_lane(experts: int) -> int:
-    return next(e for e in (1, 2, 4, 8) if experts <= WARP * e)
+    """The fewest experts per lane that hold ``experts`` (1..MAX_EXPERTS): the fewest registers."""
+    if not 1 <= experts <= MAX_EXPERTS:
+        raise ValueError(f"experts = {experts}: moe_route supports 1..{MAX_EXPERTS}")
+    return next(e for e in EXPERTS_PER_LANE if experts <= WARP * e)
 
 
 def plan_route(problem: RouteProblem, spec: DeviceSpec) -> tiling.Plan:

@@ -28,15 +28,12 @@ from pathlib import Path
 import numpy as np
 
 from cukernels import dtypes, tiling
+from cukernels import launch as _launch
 
 from . import gemm_configs, launch
 
 SOURCE = Path(__file__).parent / "kernels" / "grouped_gemm.cu"
 _DTYPES = (dtypes.FP16, dtypes.BF16)
-
-
-def _is_torch(x) -> bool:
-    return type(x).__module__.startswith("torch")
 
 
 def _contiguous(x) -> bool:
@@ -50,7 +47,8 @@ def validate(a, b, offsets, *, epilogue=None, row_scale=None, out_dtype=None) ->
         raise ValueError(f"epilogue must be one of {list(gemm_configs.EPILOGUES)}, got {epilogue!r}")
     if out_dtype is not None and np.dtype(out_dtype) not in (np.dtype(np.float32), np.dtype(a.dtype)):
         raise TypeError(f"out_dtype must be None, float32 or a's dtype {a.dtype}, got {np.dtype(out_dtype)}")
-    if out_dtype is not None and np.dtype(out_dtype) == np.float32 and epilogue is not None:
+    fp32_out = out_dtype is not None and np.dtype(out_dtype) == np.float32
+    if fp32_out and epilogue is not None:
         raise ValueError(f"out_dtype=float32 is for the plain GEMM; epilogue {epilogue!r} writes a's dtype")
     if len(getattr(a, "shape", ())) != 2:
         raise ValueError(f"a must be 2-D [rows, K], got shape {tuple(getattr(a, 'shape', ()))}")
@@ -69,10 +67,16 @@ def validate(a, b, offsets, *, epilogue=None, row_scale=None, out_dtype=None) ->
         raise ValueError("b has no experts (shape[0] == 0)")
     if k < 8 or k % 8:
         raise ValueError(f"K = {k} (a.shape[1]): must be a positive multiple of 8")
+    # fp32 outputs are stored by column pairs, each column guarded against N: any N >= 1. 16-bit outputs leave
+    # in 16-byte stores of 8 columns (SwiGLU: 8 output columns from 16 columns of b).
+    if fp32_out and n < 1:
+        raise ValueError(f"N = {n} (b.shape[1]): must be at least 1")
     mult = 16 if epilogue == "swiglu" else 8
-    if n < mult or n % mult:
-        raise ValueError(f"N = {n} (b.shape[1]): must be a positive multiple of {mult}"
-                         + (" (SwiGLU halves it into gate/up pairs)" if epilogue == "swiglu" else ""))
+    if not fp32_out and (n < mult or n % mult):
+        hint = {"swiglu": "; SwiGLU halves N into gate/up pairs",
+                None: "; out_dtype=float32 accepts any N >= 1"}.get(epilogue, "")
+        raise ValueError(f"N = {n} (b.shape[1]): must be a positive multiple of {mult} for "
+                         f"{dtypes.dtype_name(a.dtype)} outputs, written in 16-byte stores{hint}")
     if rows >= 2**31:
         raise ValueError(f"a has {rows} rows: at most 2**31 - 1 are supported")
     if tuple(getattr(offsets, "shape", ())) != (experts + 1,):
@@ -93,49 +97,87 @@ def validate(a, b, offsets, *, epilogue=None, row_scale=None, out_dtype=None) ->
                                     epilogue=epilogue)
 
 
-def _device_array(x, name):
-    import cupy
+class GemmCall:
+    """A validated, planned, compiled grouped GEMM for one signature: pointers in, output allocated and written."""
 
-    if x is None:
-        return None
-    arr, _ = dtypes.as_cupy(x, name=name)
-    if arr.data.ptr % 16:
-        raise ValueError(f"{name} must be 16-byte aligned (address {arr.data.ptr:#x}); pass a fresh array")
-    if arr.device.id != cupy.cuda.Device().id:
-        raise ValueError(f"{name} is on device {arr.device.id}, the current device is {cupy.cuda.Device().id}")
-    return arr
+    def __init__(self, problem: gemm_configs.GemmProblem, config, out_dtype: np.dtype, dtype: np.dtype, frame,
+                 has_scale: bool):
+        import cupy
+
+        self.frame = frame
+        with cupy.cuda.Device(frame.device_id):
+            if config is None:
+                config = launch.plan(gemm_configs.plan, problem).config
+            else:
+                tiling.check_fits(config, launch.spec())
+            n_out = problem.n // 2 if problem.epilogue == "swiglu" else problem.n
+            self.out_shape, self.out_dtype = (problem.rows, n_out), dtypes.dtype_name(out_dtype)
+            self.empty = problem.rows == 0
+            if self.empty:
+                return
+            P = _launch.Ptr  # 0 a, 1 b, 2 out, 3 offsets, 4 row_scale (0: none)
+            self.launcher = _launch.Launcher(
+                launch.kernel(SOURCE, config.name_expression(dtype=dtype, epilogue=problem.epilogue,
+                                                             out_dtype=out_dtype)),
+                (config.grid(problem),), (config.threads,),
+                (P(0), P(1), P(2), P(3), P(4), np.int32(problem.experts), np.int32(problem.n), np.int32(problem.k)),
+                smem=config.smem_bytes())
+
+    def enqueue(self, stream: int, pa: int, pb: int, pout: int, poffsets: int, pscale: int) -> None:
+        if not self.empty:
+            self.launcher.launch(stream, (pa, pb, pout, poffsets, pscale))
+
+    def __call__(self, pa: int, pb: int, poffsets: int, pscale: int):
+        f = self.frame
+        out, pout = f.empty(self.out_shape, self.out_dtype)
+        self.enqueue(f.stream(), pa, pb, pout, poffsets, pscale)
+        return out
+
+
+_GEMM = _launch.Cache("moe.grouped_gemm")
+
+
+def _validated(a, b, offsets, epilogue, row_scale, out_dtype, config) -> GemmCall:
+    """The slow path of a call: every check (torch tensors are read through CuPy views for it), then the call."""
+    named = (("a", a), ("b", b), ("offsets", offsets), ("row_scale", row_scale))
+    for name, x in named:
+        if x is not None and _launch.view(x) is None:
+            raise TypeError(f"{name} must be a cupy.ndarray or a torch CUDA tensor, got {type(x).__name__}"
+                            + (" on the host" if hasattr(x, "shape") else ""))
+    for name, x in named:
+        if x is not None and _launch.is_torch(x) and dtypes.storage(x) is None:
+            raise TypeError(f"{name} has dtype {dtypes.text(x)}: expected float16 or bfloat16 (a, b), int32 "
+                            f"(offsets), float32 (row_scale)")
+    views = [None if x is None else dtypes.as_cupy(x, name=n)[0] for n, x in named]
+    problem = validate(*views[:3], epilogue=epilogue, row_scale=views[3], out_dtype=out_dtype)
+    devs = {_launch.view(x)[0][4] for _, x in named if x is not None}
+    if len(devs) != 1:
+        raise ValueError(f"a, b, offsets (and row_scale) must be on one device, got devices {sorted(devs)}")
+    dt = np.dtype(views[0].dtype)
+    out = dt if out_dtype is None else np.dtype(out_dtype)
+    frame = _launch.frame(_launch.is_torch(a), devs.pop())
+    return GemmCall(problem, config, out, dt, frame, row_scale is not None)
 
 
 def grouped_gemm(a, b, offsets, *, epilogue: str | None = None, row_scale=None, out_dtype=None, config=None):
     """Per-expert ``epilogue(a[group e] @ b[e].T) * row_scale`` (see the module doc). ``config``: a
-    ``gemm_configs.GemmConfig`` to use instead of the planner's choice (benchmarks), checked against the device."""
-    import cupy
-
-    was_torch = _is_torch(a)
-    if was_torch or _is_torch(b) or _is_torch(offsets) or _is_torch(row_scale):
-        a, b, offsets = (dtypes.as_cupy(x, name=n)[0] for x, n in ((a, "a"), (b, "b"), (offsets, "offsets")))
-        row_scale = None if row_scale is None else dtypes.as_cupy(row_scale, name="row_scale")[0]
-    problem = validate(a, b, offsets, epilogue=epilogue, row_scale=row_scale, out_dtype=out_dtype)
-    out_dtype = np.dtype(a.dtype if out_dtype is None else out_dtype)
-    for name, x in (("a", a), ("b", b), ("offsets", offsets), ("row_scale", row_scale)):
-        if x is not None and not isinstance(x, cupy.ndarray):
-            raise TypeError(f"{name} must be a cupy.ndarray or a torch CUDA tensor, got {type(x).__name__}")
-    a, b, offsets, row_scale = (_device_array(x, n) for x, n in
-                                ((a, "a"), (b, "b"), (offsets, "offsets"), (row_scale, "row_scale")))
-    if config is None:
-        config = launch.plan(gemm_configs.plan, problem).config
+    ``gemm_configs.GemmConfig`` to use instead of the planner's choice (benchmarks), checked against the device.
+    The output is a new array like ``a`` (CuPy, or torch on torch's current stream)."""
+    va, vb, vo = _launch.view(a), _launch.view(b), _launch.view(offsets)
+    vs = None if row_scale is None else _launch.view(row_scale)
+    if config is None and None not in (va, vb, vo) and (row_scale is None or vs is not None):
+        key = (va[0], vb[0], vo[0], None if vs is None else vs[0], epilogue,
+               None if out_dtype is None else np.dtype(out_dtype))
+        call = _GEMM.get(key)
+        if call is None:
+            call = _GEMM.put(key, _validated(a, b, offsets, epilogue, row_scale, out_dtype, None))
     else:
-        tiling.check_fits(config, launch.spec())
-    n_out = problem.n // 2 if epilogue == "swiglu" else problem.n
-    out = cupy.empty((problem.rows, n_out), dtype=out_dtype)
-    if problem.rows == 0:
-        return dtypes.like_input(out, was_torch)
-    kern = launch.kernel(SOURCE, config.name_expression(dtype=a.dtype, epilogue=epilogue, out_dtype=out_dtype))
-    kern.launch((config.grid(problem),), (config.threads,),
-                (a, b, out, offsets, row_scale if row_scale is not None else np.uintp(0),
-                 np.int32(problem.experts), np.int32(problem.n), np.int32(problem.k)),
-                smem=config.smem_bytes())
-    return dtypes.like_input(out, was_torch)
+        call = _validated(a, b, offsets, epilogue, row_scale, out_dtype, config)
+        va, vb, vo = _launch.view(a), _launch.view(b), _launch.view(offsets)
+        vs = None if row_scale is None else _launch.view(row_scale)
+    if (va[1] | vb[1] | vo[1] | (0 if vs is None else vs[1])) & 15:
+        _launch.check_aligned(("a", "b", "offsets", "row_scale"), (va[1], vb[1], vo[1], 0 if vs is None else vs[1]))
+    return _launch.on_device(call.frame.device_id, call, va[1], vb[1], vo[1], 0 if vs is None else vs[1])
 
 
 def interleave_gate_up(w_gate, w_up):

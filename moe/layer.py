@@ -1,5 +1,9 @@
 """``MoELayer``: route -> permute -> gather -> grouped GEMM (up, fused activation) -> grouped GEMM (down, routing
-weight as row scale) -> combine, all on the GPU with no host synchronisation (CUDA-graph capturable).
+weight as row scale) -> combine, all on the GPU with no host synchronisation (CUDA-graph capturable:
+``MoELayer.capture``).
+
+A forward is eight launches from one cached plan per (x's signature, weights): the router logits, routing, the
+permutation and every intermediate live in one workspace allocation; the output is the only other one.
 
 Weights:
 
@@ -17,17 +21,163 @@ before they are rounded, and combine then sums the k rows per token with unit we
 """
 from __future__ import annotations
 
-import dataclasses
-
 import numpy as np
 
 from cukernels import dtypes
+from cukernels import launch as _launch
 
-from .dispatch import combine, gather, permute
-from .grouped_gemm import grouped_gemm
-from .routing import route
+from . import configs
+from .dispatch import PermuteCall
+from .grouped_gemm import GemmCall, validate as validate_gemm
+from .gemm_configs import GemmProblem
+from .routing import RouteCall
 
 ACTIVATIONS = ("swiglu", "gelu")
+
+
+class LayerCall:
+    """A planned layer forward for one (x signature, weights): the kernels of every stage and the workspace layout.
+    Intermediates (expert order, rows = tokens * top_k): logits fp32 [tokens, experts], the routing and dispatch
+    blocks, row weights fp32 [rows], xs [rows, hidden], h [rows, intermediate], y [rows, hidden]."""
+
+    def __init__(self, tokens: int, layer_shape: tuple, top_k: int, activation: str, dtype: np.dtype, frame):
+        import cupy
+
+        experts, hidden, inter = layer_shape
+        self.frame, self.out_shape, self.dtype = frame, (tokens, hidden), dtypes.dtype_name(dtype)
+        rows = tokens * top_k
+        name = self.dtype
+        with cupy.cuda.Device(frame.device_id):
+            gemm = lambda rows_, n, k, e, epi, out: GemmCall(  # noqa: E731
+                GemmProblem(rows=rows_, n=n, k=k, experts=e, dtype=name, epilogue=epi), None, out, dtype, frame,
+                False)
+            self.router = gemm(tokens, experts, hidden, 1, None, np.dtype(np.float32))
+            self.route = RouteCall(configs.RouteProblem(tokens=tokens, experts=experts, top_k=top_k, dtype="fp32"),
+                                   "softmax", True, frame)
+            self.permute = PermuteCall(self.route, None, frame)
+            n_up = 2 * inter if activation == "swiglu" else inter
+            self.up = gemm(rows, n_up, hidden, experts, activation, dtype)
+            self.down = gemm(rows, hidden, inter, experts, None, dtype)
+            self.combine = _combine_call(tokens, rows, hidden, top_k, dtype, frame)
+            # the router GEMM's one group: rows [0, tokens) (a constant, made before any capture)
+            self.one_group = cupy.asarray([0, tokens], dtype=cupy.int32)
+        self._one_group_ptr = self.one_group.data.ptr
+        ws = _launch.Workspace()
+        es = dtype.itemsize
+        self.at = {"logits": ws.add(4 * tokens * experts), "routing": ws.add(self.route.nbytes),
+                   "dispatch": ws.add(self.permute.nbytes), "row_weight": ws.add(4 * rows),
+                   "xs": ws.add(es * rows * hidden), "h": ws.add(es * rows * inter), "y": ws.add(es * rows * hidden)}
+        self.nbytes = ws.nbytes
+        self.gather_launcher = _gather_launcher(rows, hidden, top_k, dtype, frame)
+
+    def __call__(self, px: int, router_b: int, w_gate_up: int, w_down: int):
+        f = self.frame
+        stream = f.stream()
+        ws, base = f.workspace(stream, self.nbytes)
+        out, pout = f.empty(self.out_shape, self.dtype)
+        at = {k: base + off for k, off in self.at.items()}
+        self.router.enqueue(stream, px, router_b, at["logits"], self._one_group_ptr, 0)
+        self.route.enqueue(stream, at["logits"], at["routing"])
+        self.permute.enqueue(stream, at["routing"], at["dispatch"], at["row_weight"])
+        sorted_slots, inverse, offsets, _ = (at["dispatch"] + off for off in self.permute.out_offsets)
+        self.gather_launcher.launch(stream, (px, sorted_slots, at["xs"]))
+        self.up.enqueue(stream, at["xs"], w_gate_up, at["h"], offsets, 0)
+        self.down.enqueue(stream, at["h"], w_down, at["y"], offsets, at["row_weight"])
+        self.combine.launch(stream, (at["y"], inverse, 0, pout))  # weights already applied: unit weights
+        return out
+
+
+def _combine_call(tokens, rows, hidden, top_k, dtype, frame):
+    from . import launch as kernels
+
+    problem = configs.RowsProblem(rows=tokens, hidden=hidden, top_k=top_k, dtype=dtypes.dtype_name(dtype), align=16
+                                  if (hidden * dtype.itemsize) % 16 == 0 else dtype.itemsize)
+    cfg = kernels.plan(configs.plan_combine, problem).config
+    P = _launch.Ptr
+    return _launch.Launcher(kernels.kernel(kernels.DISPATCH_SOURCE, cfg.name_expression(dtype=dtype)),
+                            (-(-tokens // cfg.rows_per_block),), (cfg.threads_x, cfg.rows_per_block),
+                            (P(0), P(1), P(2), np.int32(tokens), np.int32(top_k), np.int32(hidden), P(3)))
+
+
+def _gather_launcher(rows, hidden, top_k, dtype, frame):
+    """x's rows in expert order; x's address must then be as aligned as its rows (checked per call)."""
+    from . import launch as kernels
+
+    row_bytes = hidden * dtype.itemsize
+    problem = configs.RowsProblem(rows=rows, hidden=hidden, top_k=top_k, dtype=dtypes.dtype_name(dtype),
+                                  align=16 if row_bytes % 16 == 0 else row_bytes & -row_bytes)
+    cfg = kernels.plan(configs.plan_gather, problem).config
+    P = _launch.Ptr
+    with _device(frame.device_id):
+        return _launch.Launcher(kernels.kernel(kernels.DISPATCH_SOURCE, cfg.name_expression()),
+                                (-(-rows // cfg.rows_per_block),), (cfg.threads_x, cfg.rows_per_block),
+                                (P(0), P(1), np.int32(rows), np.int32(top_k),
+                                 np.int32(row_bytes // cfg.vec_bytes), P(2)))
+
+
+def _device(dev):
+    import cupy
+
+    return cupy.cuda.Device(dev)
+
+
+_LAYER = _launch.Cache("moe.layer")
+
+
+def moe_forward(x, router_b, w_gate_up, w_down, top_k: int, activation: str):
+    """The layer's forward on its weights in kernel layout (router_b ``[1, experts, hidden]`` in x's dtype; see
+    ``MoELayer``); what ``MoELayer.forward`` and the torch custom op call. Cached by signature."""
+    views = [_launch.view(t) for t in (x, router_b, w_gate_up, w_down)]
+    if None in views:
+        raise TypeError(f"x must be a cupy.ndarray or a torch CUDA tensor, got {type(x).__name__}"
+                        + (" on the host" if hasattr(x, "shape") else ""))
+    key = (*(v[0] for v in views), top_k, activation)
+    call = _LAYER.get(key)
+    if call is None:
+        call = _LAYER.put(key, _layer_call(x, router_b, w_gate_up, w_down, top_k, activation, views))
+    px = views[0][1]
+    if px % 16:
+        _launch.check_aligned(("x",), (px,))
+    return _launch.on_device(call.frame.device_id, call, px, views[1][1], views[2][1], views[3][1])
+
+
+def _layer_call(x, router_b, w_gate_up, w_down, top_k, activation, views) -> LayerCall:
+    experts, hidden = int(router_b.shape[1]), int(router_b.shape[2])
+    n_up = int(w_gate_up.shape[1])
+    inter = n_up // 2 if activation == "swiglu" else n_up
+    if len(x.shape) != 2 or int(x.shape[1]) != hidden:
+        raise ValueError(f"x must be [tokens, {hidden}], got shape {tuple(x.shape)}")
+    dt = dtypes.storage(x)
+    if dt != dtypes.storage(w_gate_up):
+        raise TypeError(f"x must have the weights' dtype {dtypes.text(w_gate_up)}, got {dtypes.text(x)}")
+    if not dtypes.is_c_contiguous(x):
+        raise ValueError(f"x must be C-contiguous, got a strided view of shape {tuple(x.shape)}")
+    tokens = int(x.shape[0])
+    if tokens < 1:
+        raise ValueError("x has no tokens (shape[0] == 0)")
+    if tokens * top_k >= 2**31:
+        raise ValueError(f"tokens * top_k = {tokens * top_k}: must stay below 2**31")
+    devs = {v[0][4] for v in views}
+    if len(devs) != 1:
+        raise ValueError(f"x is on device {views[0][0][4]}, the layer's weights on {views[2][0][4]}")
+    # the expert GEMMs' own rules (K and N multiples of 8, ...), stated for the weights
+    rows = tokens * top_k
+    for name, (n, k) in (("w_gate_up", (n_up, hidden)), ("w_down", (hidden, inter))):
+        try:
+            validate_gemm(_Meta((rows, k), dt), _Meta((experts, n, k), dt), _Meta((experts + 1,), np.int32),
+                          epilogue=(activation if name == "w_gate_up" else None))
+        except (TypeError, ValueError) as exc:
+            raise ValueError(f"{name}: {exc}") from None
+    frame = _launch.frame(_launch.is_torch(x), devs.pop())
+    return LayerCall(tokens, (experts, hidden, inter), int(top_k), activation, dt, frame)
+
+
+class _Meta:
+    """Shape and dtype standing in for an array the layer makes itself (for the GEMM's validation)."""
+
+    def __init__(self, shape, dtype):
+        self.shape, self.dtype, self.strides = shape, np.dtype(dtype), None
+        self.flags = type("Flags", (), {"c_contiguous": True})()
 
 
 class MoELayer:
@@ -36,6 +186,7 @@ class MoELayer:
 
         if activation not in ACTIVATIONS:
             raise ValueError(f"activation must be one of {ACTIVATIONS}, got {activation!r}")
+        self._torch_weights = _launch.is_torch(w_gate_up)
         w_gate_up, _ = dtypes.as_cupy(w_gate_up, name="w_gate_up")
         w_down, _ = dtypes.as_cupy(w_down, name="w_down")
         router, _ = dtypes.as_cupy(router_weight, name="router_weight")
@@ -52,53 +203,53 @@ class MoELayer:
                              f"got {tuple(w_down.shape)}")
         if tuple(router.shape) != (hidden, experts):
             raise ValueError(f"router_weight must be [hidden, experts] = {(hidden, experts)}, got {tuple(router.shape)}")
+        if not 1 <= experts <= configs.MAX_EXPERTS:
+            raise ValueError(f"w_gate_up has {experts} experts (shape[0]); 1..{configs.MAX_EXPERTS} are supported")
         if w_gate_up.dtype not in (dtypes.FP16, dtypes.BF16) or w_down.dtype != w_gate_up.dtype:
             raise TypeError(f"w_gate_up and w_down must share float16 or bf16 (uint16), got {w_gate_up.dtype}, "
                             f"{w_down.dtype}")
-        if isinstance(top_k, bool) or not isinstance(top_k, (int, np.integer)) or not 1 <= top_k <= experts:
-            raise ValueError(f"top_k must be an int in 1..{experts}, got {top_k!r}")
+        if isinstance(top_k, bool) or not isinstance(top_k, (int, np.integer)) \
+                or not 1 <= top_k <= min(experts, configs.MAX_TOP_K):
+            raise ValueError(f"top_k must be an int in 1..{min(experts, configs.MAX_TOP_K)} (at most "
+                             f"{configs.MAX_TOP_K} and at most the {experts} experts), got {top_k!r}")
+        for name, w in (("w_gate_up", w_gate_up), ("w_down", w_down)):
+            if not w.flags.c_contiguous:
+                raise ValueError(f"{name} must be C-contiguous")
         self.w_gate_up, self.w_down = w_gate_up, w_down
         r32 = dtypes.to_float32(router) if router.dtype != dtypes.FP32 else router
         self.router_b = cupy.ascontiguousarray(dtypes.from_float32(r32.T, w_gate_up.dtype)[None])
         self.top_k, self.activation = int(top_k), activation
         self.experts, self.hidden, self.intermediate = experts, hidden, inter
-        self._ones: dict[int, object] = {}
-        self._one_group: dict[int, object] = {}
+        self._compiling = None  # with torch weights: torch.compiler.is_compiling, and the custom op's operands
+        if self._torch_weights:
+            import torch
+
+            from .torch import torch_views
+
+            self._compiling = torch.compiler.is_compiling
+            self._op = torch.ops.cukernels.moe_layer
+            self._op_weights = torch_views(self.router_b, self.w_gate_up, self.w_down)
 
     @property
     def dtype(self):
         return self.w_gate_up.dtype
 
-    def _unit_weights(self, tokens: int):
-        """Per-batch-size constants, made on the first call (eagerly: a graph capture then only reuses them)."""
-        import cupy
-
-        if tokens not in self._ones:
-            self._ones[tokens] = cupy.ones((tokens, self.top_k), dtype=cupy.float32)
-            self._one_group[tokens] = cupy.asarray([0, tokens], dtype=cupy.int32)
-        return self._ones[tokens]
-
     def forward(self, x):
-        """``x`` [tokens, hidden] -> [tokens, hidden], same dtype (and library) as x."""
-        xc, was_torch = dtypes.as_cupy(x, name="x")
-        if xc.ndim != 2 or xc.shape[1] != self.hidden:
-            raise ValueError(f"x must be [tokens, {self.hidden}], got shape {tuple(xc.shape)}")
-        if xc.dtype != self.dtype:
-            raise TypeError(f"x must have the weights' dtype {self.dtype}, got {xc.dtype}")
-        tokens = int(xc.shape[0])
-        ones = self._unit_weights(tokens)
-        logits = grouped_gemm(xc, self.router_b, self._one_group[tokens], out_dtype=np.float32)
-        routing = route(logits, self.top_k)
-        disp = permute(routing)
-        xs = gather(xc, disp)
-        epi = "swiglu" if self.activation == "swiglu" else "gelu"
-        h = grouped_gemm(xs, self.w_gate_up, disp.offsets, epilogue=epi)
-        slot_weight = routing.weights.ravel()[disp.sorted_slots]
-        y = grouped_gemm(h, self.w_down, disp.offsets, row_scale=slot_weight)
-        out = combine(y, disp, dataclasses.replace(routing, weights=ones))
-        return dtypes.like_input(out, was_torch)
+        """``x`` [tokens, hidden] -> [tokens, hidden], same dtype (and library, and stream) as x."""
+        if self._compiling is not None and self._compiling():  # torch.compile traces the custom op
+            return self._op(x, *self._op_weights, self.top_k, self.activation)
+        return moe_forward(x, self.router_b, self.w_gate_up, self.w_down, self.top_k, self.activation)
 
     __call__ = forward
+
+    def capture(self, tokens: int, *, torch: bool | None = None) -> "CapturedMoE":
+        """Capture a forward of ``tokens`` tokens into a CUDA graph: ``captured(x)`` copies x into the graph's
+        input, replays it and returns the graph's output (the same array each time: copy it to keep it).
+        ``torch``: capture with ``torch.cuda.graph`` on torch tensors (default: when the weights were torch
+        tensors), else with CuPy's stream capture on CuPy arrays."""
+        from .capture import CapturedMoE
+
+        return CapturedMoE(self, int(tokens), self._torch_weights if torch is None else bool(torch))
 
 
 def reference_forward(x, router_weight, w_gate_up, w_down, top_k: int, *, activation: str = "swiglu",

@@ -20,66 +20,86 @@ Everything stays on the GPU; the reductions have a fixed order, so the losses ar
 """
 from __future__ import annotations
 
-import dataclasses
-
 import numpy as np
 
 from cukernels import dtypes
+from cukernels import launch as _launch
 
 from . import configs, launch
 
 SCORINGS = ("softmax", "sigmoid")
 
 
-@dataclasses.dataclass(frozen=True, kw_only=True, eq=False)
 class Routing:
-    weights: object  # float32 [tokens, top_k]
-    experts: object  # int32 [tokens, top_k], in rank order
-    counts: object  # int32 [experts]: slots routed to each expert
-    aux_loss: object  # float32 0-d
-    z_loss: object  # float32 0-d
-    usage_cv: object  # float32 0-d
-    share: object  # float32 [experts]: counts / (tokens * top_k)
-    mean_prob: object  # float32 [experts]: mean probability per expert (the aux-loss factor)
-    num_experts: int
-    scoring: str
-    renormalize: bool
-    # the blocks of tokens of the routing kernel and, per block and expert, the slots routed by earlier blocks:
-    # the starting ranks of moe.permute's stable scatter
-    block_tokens: int
-    block_base: object  # int32 [blocks, experts]
+    """What ``route`` returns. Every array lives in one allocation made by the call; an attribute becomes an
+    array (CuPy or torch, like the logits) when it is first read, so the MoE layer and ``permute`` never pay for
+    views they do not use.
 
-    @property
-    def tokens(self) -> int:
-        return int(self.weights.shape[0])
+    weights float32 [tokens, top_k]; experts int32 [tokens, top_k] in rank order; counts int32 [experts] (slots
+    routed to each expert); aux_loss, z_loss, usage_cv float32 0-d; share float32 [experts] (counts / (tokens
+    top_k)); mean_prob float32 [experts] (the aux-loss factor); block_base int32 [blocks, experts] (per block of
+    the routing kernel, the slots routed by earlier blocks: the starting ranks of ``permute``'s stable scatter).
+    """
 
-    @property
-    def top_k(self) -> int:
-        return int(self.weights.shape[1])
+    __slots__ = ("tokens", "top_k", "num_experts", "scoring", "renormalize", "block_tokens", "device", "_frame",
+                 "_buf", "_base", "_layout", "_views")
+
+    def __init__(self, call: "RouteCall", frame, buf, base: int):
+        self.tokens, self.top_k, self.num_experts = call.tokens, call.top_k, call.experts
+        self.scoring, self.renormalize, self.block_tokens = call.scoring, call.renormalize, call.block_tokens
+        self.device = frame.device_id
+        self._frame, self._buf, self._base, self._layout, self._views = frame, buf, base, call.layout, {}
+
+    def ptr(self, field: str) -> int:
+        """Device address of a field (for the next kernels of the pipeline)."""
+        return self._base + self._layout[field][0]
+
+    def _view(self, field: str):
+        v = self._views.get(field)
+        if v is None:
+            off, shape, dtype = self._layout[field]
+            v = self._views[field] = self._frame.view(self._buf, off, shape, dtype)
+        return v
+
+    weights = property(lambda self: self._view("weights"))
+    experts = property(lambda self: self._view("experts"))
+    counts = property(lambda self: self._view("counts"))
+    share = property(lambda self: self._view("share"))
+    mean_prob = property(lambda self: self._view("mean_prob"))
+    aux_loss = property(lambda self: self._view("aux_loss"))
+    z_loss = property(lambda self: self._view("z_loss"))
+    usage_cv = property(lambda self: self._view("usage_cv"))
+    block_base = property(lambda self: self._view("block_base"))
 
     def stats(self) -> dict[str, float]:
         """Load-balance figures as Python floats (synchronises)."""
-        share = self.share.get()
+        share = np.asarray(_host(self.share))
         return {
-            "aux_loss": float(self.aux_loss.get()),
-            "z_loss": float(self.z_loss.get()),
-            "usage_cv": float(self.usage_cv.get()),
+            "aux_loss": float(_host(self.aux_loss)),
+            "z_loss": float(_host(self.z_loss)),
+            "usage_cv": float(_host(self.usage_cv)),
             "max_share": float(share.max()),
             "min_share": float(share.min()),
             "idle_experts": int((share == 0).sum()),
         }
 
 
-def validate(logits, top_k, scoring, renormalize):
-    """Check route's arguments; returns the CuPy view of ``logits``. Raises before anything is launched."""
-    x, _ = dtypes.as_cupy(logits, name="logits")
-    if x.ndim != 2:
-        raise ValueError(f"logits must be 2-D [tokens, experts], got shape {tuple(x.shape)}")
-    if x.dtype not in (dtypes.FP32, dtypes.FP16, dtypes.BF16):
-        raise TypeError(f"logits must be float32, float16 or bfloat16 (uint16 bits), got {x.dtype}")
-    if not x.flags.c_contiguous:
-        raise ValueError(f"logits must be C-contiguous, got strides {x.strides} for shape {tuple(x.shape)}")
-    tokens, experts = x.shape
+def _host(x):
+    return x.cpu().numpy() if _launch.is_torch(x) else x.get()
+
+
+def validate(logits, top_k, scoring, renormalize) -> configs.RouteProblem:
+    """Check route's arguments from their attributes; returns the problem. Raises before anything is launched."""
+    if not hasattr(logits, "shape") or not hasattr(logits, "dtype"):
+        raise TypeError(f"logits must be a cupy.ndarray or a torch CUDA tensor, got {type(logits).__name__}")
+    if len(logits.shape) != 2:
+        raise ValueError(f"logits must be 2-D [tokens, experts], got shape {tuple(logits.shape)}")
+    dt = dtypes.storage(logits)
+    if dt not in (dtypes.FP32, dtypes.FP16, dtypes.BF16):
+        raise TypeError(f"logits must be float32, float16 or bfloat16, got {dtypes.text(logits)}")
+    if not dtypes.is_c_contiguous(logits):
+        raise ValueError(f"logits must be C-contiguous, got a strided view of shape {tuple(logits.shape)}")
+    tokens, experts = (int(n) for n in logits.shape)
     if tokens < 1:
         raise ValueError("logits has no tokens (shape[0] == 0)")
     if not 1 <= experts <= configs.MAX_EXPERTS:
@@ -95,41 +115,77 @@ def validate(logits, top_k, scoring, renormalize):
         raise TypeError(f"renormalize must be a bool, got {type(renormalize).__name__}")
     if tokens * top_k >= 2**31:
         raise ValueError(f"tokens * top_k = {tokens * top_k} slots: must stay below 2**31")
-    return x
+    if _launch.view(logits) is None:
+        raise TypeError(f"logits must be a cupy.ndarray or a torch CUDA tensor, got host data ({type(logits).__name__})")
+    return configs.RouteProblem(tokens=tokens, experts=experts, top_k=int(top_k), dtype=dtypes.dtype_name(dt))
+
+
+class RouteCall:
+    """The routing kernel and its finishing kernel for one signature; ``layout`` places every output and the
+    per-block partials in one allocation: field -> (byte offset, shape, dtype name)."""
+
+    def __init__(self, problem: configs.RouteProblem, scoring: str, renormalize: bool, frame):
+        tokens, experts, top_k = problem.tokens, problem.experts, problem.top_k
+        self.tokens, self.experts, self.top_k = tokens, experts, top_k
+        self.scoring, self.renormalize, self.frame = scoring, bool(renormalize), frame
+        cfg = launch.plan(configs.plan_route, problem).config
+        finish = launch.plan(configs.plan_finish).config
+        self.block_tokens = cfg.block_tokens
+        nblk = -(-tokens // cfg.block_tokens)
+        ws = _launch.Workspace()
+        self.layout = {}
+        for field, shape, dtype in (
+                ("weights", (tokens, top_k), "fp32"), ("experts", (tokens, top_k), "int32"),
+                ("counts", (experts,), "int32"), ("block_base", (nblk, experts), "int32"),
+                ("mean_prob", (experts,), "fp32"), ("share", (experts,), "fp32"),
+                ("scalars", (3,), "fp32"), ("blk_counts", (nblk, experts), "int32"),
+                ("blk_prob", (nblk, experts), "fp32"), ("blk_z", (nblk,), "fp32"), ("ticket", (1,), "int32")):
+            self.layout[field] = (ws.add(4 * int(np.prod(shape, dtype=np.int64))), shape, dtype)
+        self.nbytes = ws.nbytes
+        self.offsets = {field: off for field, (off, _, _) in self.layout.items()}
+        scalars = self.layout["scalars"][0]  # the finishing kernel writes aux_loss, z_loss, usage CV in a row
+        for i, field in enumerate(("aux_loss", "z_loss", "usage_cv")):
+            self.layout[field] = (scalars + 4 * i, (), "fp32")
+        P = _launch.Ptr  # 0: logits, 1: the allocation
+        dt = dtypes.from_name(problem.dtype)
+        self.route = _launch.Launcher(
+            launch.kernel(launch.ROUTE_SOURCE, cfg.name_expression(dtype=dt)), (nblk,), (cfg.threads,),
+            (P(0), np.int32(tokens), np.int32(experts), np.int32(top_k), np.int32(cfg.block_tokens),
+             np.int32(SCORINGS.index(scoring)), np.int32(bool(renormalize)), *self._at("weights", "experts",
+             "blk_counts", "blk_prob", "blk_z", "ticket")))
+        self.finish = _launch.Launcher(
+            launch.kernel(launch.ROUTE_SOURCE, finish.name_expression()), (-(-experts // 32),), (32, 32),
+            (*self._at("blk_counts", "blk_prob", "blk_z"), np.int32(nblk), np.int32(tokens), np.int32(experts),
+             np.int32(top_k), *self._at("block_base", "counts", "mean_prob", "share", "scalars", "ticket")))
+
+    def _at(self, *fields):
+        """Launcher arguments for fields of the allocation (pointer 1 of a call, plus the field's offset)."""
+        return tuple(_launch.Ptr(1, self.offsets[f]) for f in fields)
+
+    def enqueue(self, stream: int, logits_ptr: int, base: int) -> None:
+        """Launch both kernels writing the allocation at ``base``."""
+        ptrs = (logits_ptr, base)
+        self.route.launch(stream, ptrs)
+        self.finish.launch(stream, ptrs)
+
+    def __call__(self, logits_ptr: int) -> Routing:
+        f = self.frame
+        stream = f.stream()
+        buf, base = f.workspace(stream, self.nbytes)
+        self.enqueue(stream, logits_ptr, base)
+        return Routing(self, f, buf, base)
+
+
+_ROUTE = _launch.Cache("moe.route")
 
 
 def route(logits, top_k: int, *, scoring: str = "softmax", renormalize: bool = True) -> Routing:
     """Top-k routing of ``logits`` [tokens, experts] with the load-balance statistics (see the module doc)."""
-    import cupy
-
-    x = validate(logits, top_k, scoring, renormalize)
-    tokens, experts = (int(n) for n in x.shape)
-    top_k = int(top_k)
-    problem = configs.RouteProblem(tokens=tokens, experts=experts, top_k=top_k, dtype=dtypes.dtype_name(x.dtype))
-    cfg = launch.plan(configs.plan_route, problem).config
-    finish = launch.plan(configs.plan_finish).config
-    nblk = -(-tokens // cfg.block_tokens)
-
-    weights = cupy.empty((tokens, top_k), dtype=cupy.float32)
-    ids = cupy.empty((tokens, top_k), dtype=cupy.int32)
-    blk_counts = cupy.empty((nblk, experts), dtype=cupy.int32)
-    blk_base = cupy.empty((nblk, experts), dtype=cupy.int32)
-    blk_prob = cupy.empty((nblk, experts), dtype=cupy.float32)
-    blk_z = cupy.empty((nblk,), dtype=cupy.float32)
-    ticket = cupy.empty((1,), dtype=cupy.uint32)
-    counts = cupy.empty((experts,), dtype=cupy.int32)
-    per_expert = cupy.empty((2, experts), dtype=cupy.float32)  # mean_prob, share
-    scalars = cupy.empty((3,), dtype=cupy.float32)  # aux_loss, z_loss, usage_cv
-
-    launch.kernel(launch.ROUTE_SOURCE, cfg.name_expression(dtype=x.dtype)).launch(
-        (nblk,), (cfg.threads,),
-        (x, np.int32(tokens), np.int32(experts), np.int32(top_k), np.int32(cfg.block_tokens),
-         np.int32(SCORINGS.index(scoring)), np.int32(bool(renormalize)), weights, ids, blk_counts, blk_prob, blk_z,
-         ticket))
-    launch.kernel(launch.ROUTE_SOURCE, finish.name_expression()).launch(
-        (-(-experts // 32),), (32, 32),
-        (blk_counts, blk_prob, blk_z, np.int32(nblk), np.int32(tokens), np.int32(experts), np.int32(top_k),
-         blk_base, counts, per_expert[0], per_expert[1], scalars, ticket))
-    return Routing(weights=weights, experts=ids, counts=counts, aux_loss=scalars[0], z_loss=scalars[1],
-                   usage_cv=scalars[2], share=per_expert[1], mean_prob=per_expert[0], num_experts=experts,
-                   scoring=scoring, renormalize=bool(renormalize), block_tokens=cfg.block_tokens, block_base=blk_base)
+    vx = _launch.view(logits)
+    key = None if vx is None else (vx[0], top_k, type(top_k), scoring, renormalize, type(renormalize))
+    call = None if key is None else _ROUTE.get(key)
+    if call is None:
+        problem = validate(logits, top_k, scoring, renormalize)
+        call = _ROUTE.put(key, RouteCall(problem, scoring, renormalize,
+                                         _launch.frame(_launch.is_torch(logits), vx[0][4])))
+    return _launch.on_device(call.frame.device_id, call, vx[1])

@@ -1,7 +1,8 @@
 """Named MoE shapes, shared by the tests and ``python -m moe.bench``. No shape is typed twice.
 
-A shape with ``hidden`` also exercises gather and combine (expert rows of ``hidden`` elements); seed 004's MoE
-configuration is hidden 4096, intermediate 11008, 32 experts, top-2, at batch x sequence 4x512, 16x2048, 32x2048.
+A shape with ``hidden`` also exercises gather and combine (expert rows of ``hidden`` elements), one with
+``intermediate`` the whole layer. Seed 004's MoE configuration is hidden 4096, intermediate 11008, 32 experts,
+top-2, at batch x sequence 4x512, 16x2048, 32x2048. The ``overhead`` shape is tiny: a call of it costs its host time.
 """
 from __future__ import annotations
 
@@ -16,6 +17,7 @@ class MoEShape:
     top_k: int
     hidden: int | None = None
     intermediate: int | None = None
+    route_alone: bool = False  # also a case of routing without the permutation
     tags: tuple[str, ...] = ()
 
 
@@ -57,6 +59,9 @@ SHAPES: tuple[MoEShape | GemmShape, ...] = (
     MoEShape(name="quick_T256_E8_top2", tokens=256, experts=8, top_k=2, hidden=256, tags=("quick", "ci")),
     MoEShape(name="quick_T1000_E60_top4", tokens=1000, experts=60, top_k=4, hidden=384, tags=("quick", "ci")),
     MoEShape(name="ci_T4096_E256_top8", tokens=4096, experts=256, top_k=8, hidden=1024, tags=("ci",)),
+    # launch overhead (seed 004: < 50 us per call): every piece and the layer, on problems the kernels finish at once
+    MoEShape(name="overhead_T16_E8_top2", tokens=16, experts=8, top_k=2, hidden=256, intermediate=512,
+             route_alone=True, tags=("overhead",)),
 )
 
 SUITES = {
@@ -66,6 +71,7 @@ SUITES = {
     "seed004": "seed004",
     "primary": "primary",
     "gemm": "gemm",
+    "overhead": "overhead",
 }
 
 

@@ -13,6 +13,9 @@ PROBLEMS = [
     gemm_configs.GemmProblem(rows=65536, n=22016, k=4096, experts=32, dtype="fp16", epilogue="swiglu"),
     gemm_configs.GemmProblem(rows=4096, n=4096, k=11008, experts=32, dtype="bf16"),
     gemm_configs.GemmProblem(rows=100, n=64, k=64, experts=8, dtype="fp16", epilogue="gelu"),
+    # router logits (out_dtype=float32: any N): one "expert", N = the expert count, wgmma-sized on Hopper
+    gemm_configs.GemmProblem(rows=1 << 20, n=500, k=4096, experts=1, dtype="bf16"),
+    gemm_configs.GemmProblem(rows=4096, n=3, k=2048, experts=1, dtype="bf16"),
 ]
 SUPPORTED = [s for s in device.all_profiles() if tuple(s.compute_capability) >= gemm_configs.MIN_CC]
 
@@ -89,6 +92,8 @@ def test_grid_bounds_every_split():
 
 
 # ---------------------------------------------------------------- validation (no GPU touched)
+# ``validate`` reads the arrays' attributes alone, so host arrays exercise every check; grouped_gemm itself
+# refuses host arrays first.
 
 
 def _args(rows=64, n=32, k=16, experts=4, dtype=np.float16):
@@ -110,37 +115,58 @@ def _args(rows=64, n=32, k=16, experts=4, dtype=np.float16):
 def test_validation_errors(change, exc, match):
     a, b, o = change(*_args())
     with pytest.raises(exc, match=match):
-        grouped_gemm(a, b, o)
+        validate(a, b, o)
 
 
 def test_swiglu_needs_n_multiple_of_16():
     a, b, o = _args(n=24)
     validate(a, b, o)
-    with pytest.raises(ValueError, match="multiple of 16"):
-        grouped_gemm(a, b, o, epilogue="swiglu")
+    with pytest.raises(ValueError, match="multiple of 16 for fp16 outputs, written in 16-byte stores; SwiGLU"):
+        validate(a, b, o, epilogue="swiglu")
+
+
+@pytest.mark.parametrize("n", [1, 3, 4, 60, 100, 500])
+def test_fp32_output_takes_any_n_and_16_bit_outputs_keep_multiples_of_8(n):
+    a, b, o = _args(n=n)
+    assert validate(a, b, o, out_dtype=np.float32).n == n
+    for out_dtype in (None, np.float16):
+        with pytest.raises(ValueError, match=rf"N = {n} \(b.shape\[1\]\): must be a positive multiple of 8 for "
+                                             r"fp16 outputs, written in 16-byte stores; out_dtype=float32 accepts any"):
+            validate(a, b, o, out_dtype=out_dtype)
+    a, b, o = _args(n=n, dtype=BF16)
+    with pytest.raises(ValueError, match="multiple of 8 for bf16 outputs"):
+        validate(a, b, o)
+    with pytest.raises(ValueError, match="multiple of 8 for bf16 outputs, written in 16-byte stores$"):
+        validate(a, b, o, epilogue="gelu")
+
+
+def test_fp32_output_needs_at_least_one_column():
+    a, b, o = _args(n=0)
+    with pytest.raises(ValueError, match=r"N = 0 \(b.shape\[1\]\): must be at least 1"):
+        validate(a, b, o, out_dtype=np.float32)
 
 
 def test_row_scale_and_epilogue_validation():
     a, b, o = _args()
     with pytest.raises(ValueError, match="row_scale must be 1-D"):
-        grouped_gemm(a, b, o, row_scale=np.ones(3, np.float32))
+        validate(a, b, o, row_scale=np.ones(3, np.float32))
     with pytest.raises(TypeError, match="row_scale must be float32"):
-        grouped_gemm(a, b, o, row_scale=np.ones(64, np.float16))
+        validate(a, b, o, row_scale=np.ones(64, np.float16))
     with pytest.raises(ValueError, match="epilogue"):
-        grouped_gemm(a, b, o, epilogue="silu")
+        validate(a, b, o, epilogue="silu")
 
 
 def test_out_dtype_validation():
     a, b, o = _args()
     validate(a, b, o, out_dtype=np.float32)
     with pytest.raises(TypeError, match="out_dtype"):
-        grouped_gemm(a, b, o, out_dtype=np.float64)
+        validate(a, b, o, out_dtype=np.float64)
     with pytest.raises(ValueError, match="plain GEMM"):
-        grouped_gemm(a, b, o, epilogue="gelu", out_dtype=np.float32)
+        validate(a, b, o, epilogue="gelu", out_dtype=np.float32)
 
 
-def test_host_arrays_are_refused_after_validation():
-    with pytest.raises(TypeError, match="cupy.ndarray"):
+def test_host_arrays_are_refused():
+    with pytest.raises(TypeError, match="a must be a cupy.ndarray or a torch CUDA tensor"):
         grouped_gemm(*_args())
 
 

@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 from cukernels import compile, device, dtypes, tiling
-from moe import bench, configs, launch, reference, suites
+from moe import bench, configs, launch, reference, routing, suites
 
 # ---------------------------------------------------------------- references
 
@@ -104,14 +104,37 @@ def test_gather_and_combine_references():
 PROFILES = device.all_profiles()
 
 
+# expert counts of real models (60: Qwen1.5-MoE; 160: DeepSeek-V2; 256: DeepSeek-V3) and the edges of every
+# experts-per-lane instance, up to configs.MAX_EXPERTS
+EXPERT_COUNTS = (1, 8, 32, 33, 60, 64, 128, 160, 256, 257, 300, 384, 512)
+
+
 @pytest.mark.parametrize("spec", PROFILES, ids=lambda s: s.key)
 def test_planners_fit_every_profile(spec):
-    for experts, tokens in itertools.product((1, 8, 33, 60, 128, 256), (1, 4096, 1 << 20)):
+    for experts, tokens in itertools.product(EXPERT_COUNTS, (1, 4096, 1 << 20)):
         plan = configs.plan_route(configs.RouteProblem(tokens=tokens, experts=experts, top_k=1, dtype="bf16"), spec)
-        assert 32 * plan.config.experts_per_lane >= experts
+        epl = plan.config.experts_per_lane
+        assert 32 * epl >= experts and (epl == 1 or 32 * epl // 2 < experts), f"{experts} experts: {epl} per lane"
         assert plan.smem_bytes <= spec.smem_per_block_optin and plan.config.threads <= spec.max_threads_per_block
     for plan in (configs.plan_finish(spec), configs.plan_scatter(spec)):
         tiling.check_fits(plan.config, spec)
+
+
+def test_route_takes_up_to_max_experts():
+    assert configs.MAX_EXPERTS == 512 and configs.experts_per_lane(512) == 16
+    with pytest.raises(ValueError, match="experts = 513: moe_route supports 1..512"):
+        configs.experts_per_lane(513)
+    # route's argument checks on host arrays: bad arguments raise ValueError; good ones pass every check and
+    # meet only the TypeError for data that is not on a GPU
+    for experts, top_k in ((512, 8), (300, 6), (3, 3)):
+        with pytest.raises(TypeError):
+            routing.validate(np.ones((4, experts), np.float32), top_k, "softmax", True)
+    with pytest.raises(ValueError, match=r"logits has 513 experts \(shape\[1\]\); 1\.\.512 are supported"):
+        routing.validate(np.ones((4, 513), np.float32), 8, "softmax", True)
+    with pytest.raises(ValueError, match="top_k=9: must be 1..8"):
+        routing.validate(np.ones((4, 512), np.float32), 9, "softmax", True)
+    with pytest.raises(ValueError, match="top_k=4: must be 1..3"):
+        routing.validate(np.ones((4, 3), np.float32), 4, "softmax", True)
 
 
 def test_row_planners_choose_the_access_width():
@@ -159,7 +182,7 @@ def test_bench_without_gpu_points_to_plan(capsys):
 def _variants(spec) -> dict:
     """(source, name expression) -> plan, for every config the planners can return on ``spec``."""
     out = {}
-    for dt, experts in itertools.product(("fp32", "fp16", "bf16"), (8, 60, 128, 256)):
+    for dt, experts in itertools.product(("fp32", "fp16", "bf16"), EXPERT_COUNTS):
         for tokens in (1, 1 << 20):
             p = configs.plan_route(configs.RouteProblem(tokens=tokens, experts=experts, top_k=1, dtype=dt), spec)
             out[(launch.ROUTE_SOURCE, p.config.name_expression(dtype=dtypes.from_name(dt)))] = p

@@ -159,8 +159,10 @@ def test_torch_tensors_in_and_out():
     logits = torch.randn(512, 32, device="cuda", dtype=torch.bfloat16)
     r = moe.route(logits, 2)
     ref = reference.route(dtypes.as_cupy(logits, name="logits")[0], 2)
-    np.testing.assert_array_equal(r.experts.get(), ref.experts)
+    assert isinstance(r.experts, torch.Tensor) and r.experts.device == logits.device  # torch in, torch out
+    np.testing.assert_array_equal(r.experts.cpu().numpy(), ref.experts)
     d = moe.permute(r)
+    assert isinstance(d.sorted_slots, torch.Tensor)
     x = torch.randn(512, 128, device="cuda", dtype=torch.bfloat16)
     g = moe.gather(x, d)
     assert isinstance(g, torch.Tensor) and g.dtype == torch.bfloat16
@@ -177,7 +179,7 @@ def test_bad_arguments_raise_before_launch():
         (lambda: moe.route(x.astype(cupy.float64), 2), TypeError, "logits must be float32"),
         (lambda: moe.route(x.T, 2), ValueError, "C-contiguous"),
         (lambda: moe.route(x[:0], 2), ValueError, "no tokens"),
-        (lambda: moe.route(cupy.zeros((4, 300), cupy.float32), 2), ValueError, "300 experts"),
+        (lambda: moe.route(cupy.zeros((4, 513), cupy.float32), 2), ValueError, "513 experts"),
         (lambda: moe.route(x, 9), ValueError, "top_k=9"),
         (lambda: moe.route(cupy.zeros((4, 4), cupy.float32), 5), ValueError, "top_k=5"),
         (lambda: moe.route(x, 0), ValueError, "top_k=0"),

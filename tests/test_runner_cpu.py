@@ -97,7 +97,10 @@ def test_unsettled_rows_are_timed_in_rounds_spread_over_the_run(monkeypatch):
     monkeypatch.setattr(bench._device, "current", lambda: device.profile("h200"))
     monkeypatch.setattr(bench._timing, "benchmark", benchmark)
     monkeypatch.setattr(bench._timing, "can_hold", lambda fn: not fn.syncs)
+    monkeypatch.setattr(bench._timing, "as_called", lambda fn: 2.0)  # tests/test_overhead_cpu.py: the real ones
+    monkeypatch.setattr(bench._timing, "host_us", lambda fn, per_call_ms: (per_call_ms * 10, not fn.syncs))
     monkeypatch.setattr(bench._checks, "poison_pool", lambda nbytes: None)
+    monkeypatch.setattr(bench._checks, "stop_poisoning", lambda: None)
     monkeypatch.setattr(bench, "peak_memory", lambda fn: 0)
     monkeypatch.setattr(bench, "_free_pool", lambda: None)
 
@@ -144,6 +147,9 @@ def test_unsettled_rows_are_timed_in_rounds_spread_over_the_run(monkeypatch):
     assert flaky.status == "failed-check" and flaky.reason.startswith("after round 3/3")
     assert by["dev", "flaky"].status == "ok"
     assert host.best_baseline == "torch" and host.speedup_vs_best_baseline == pytest.approx(1)  # not the failed one
+    # what a user gets is taken once per row, after its first round
+    assert (dev.as_called_ms, dev.host_us, dev.host_us_held) == (2.0, 20.0, True)
+    assert by["h1", "torch"].host_us_held is False and flaky.as_called_ms == 2.0
 
 
 def _rerun_doc(**rows):

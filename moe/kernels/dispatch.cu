@@ -9,31 +9,32 @@
 // moe_permute_scatter<WARPS>
 //   Block b owns the slots of tokens [b * block_tokens, (b + 1) * block_tokens) -- the same blocks as
 //   moe_route, whose finishing kernel left blk_base[b][e] (slots of expert e in blocks < b). Warp 0 scans the
-//   counts into row offsets (every block, 256 values; block 0 also writes them out). The block's slots are
-//   cut into one contiguous run per warp; a shared histogram per warp and a scan over warps give each warp
+//   counts into row offsets (every block, MAX_EXPERTS values; block 0 also writes them out). The block's slots
+//   are cut into one contiguous run per warp; a shared histogram per warp and a scan over warps give each warp
 //   its starting row per expert; each warp then walks its run 32 slots at a time, and __match_any_sync
 //   ranks the lanes holding the same expert in lane order. Nothing depends on timing: the result is the
-//   stable order.
+//   stable order. With row_weight (else null), row_weight[r] = weights[sorted_slots[r]]: the routing weight of
+//   each row, for the down projection's row scale.
 //
 // moe_gather<V>
 //   out[r, :] = x[sorted_slots[r] / top_k, :] (zeros for -1 rows). V is the access unit (16, 4 or 2 bytes).
 //   blockDim (TX, TY): TY rows per block, TX threads along a row.
 //
 // moe_combine<T, VEC, MAX_K>
-//   out[t, :] = sum_k weights[t, k] * expert_out[inverse[t, k], :], in fp32, k in order: no atomics, so the
+//   out[t, :] = sum_k weights[t, k] * expert_out[inverse[t, k], :] (weights null: 1), in fp32, k in order: no atomics, so the
 //   result is deterministic. VEC elements per access (16 bytes when the row allows it, else 1); top_k <= MAX_K
 //   (2, 4 or 8: the loads of all k are held in registers at once, so the bound sets the register budget).
 //   blockDim (TX, TY): TY tokens per block, TX threads along a row.
 #include "common.cuh"
 
-constexpr int MAX_EXPERTS = 256;
+constexpr int MAX_EXPERTS = 512;  // moe.configs.MAX_EXPERTS (ScatterConfig.smem_bytes counts these arrays)
 
 template <int WARPS>
 __global__ void __launch_bounds__(WARPS * 32)
 moe_permute_scatter(const int* __restrict__ topk_ids, int tokens, int top_k, int experts, int block_tokens,
                     const int* __restrict__ counts, const int* __restrict__ blk_base, int block_m, int capacity,
                     int* __restrict__ sorted_slots, int* __restrict__ inverse, int* __restrict__ offsets,
-                    int* __restrict__ row_offsets) {
+                    int* __restrict__ row_offsets, const float* __restrict__ weights, float* __restrict__ row_weight) {
     __shared__ int s_row_off[MAX_EXPERTS + 1];
     __shared__ int s_count[MAX_EXPERTS];
     __shared__ int s_run[WARPS][MAX_EXPERTS];
@@ -44,15 +45,17 @@ moe_permute_scatter(const int* __restrict__ topk_ids, int tokens, int top_k, int
 
     for (int i = tid; i < WARPS * MAX_EXPERTS; i += WARPS * 32) (&s_run[0][0])[i] = 0;
     if (warp == 0) {
-        // lane l scans experts [8l, 8l + 8) locally, then a warp scan of the lane totals
+        // lane l scans experts [PER l, PER (l + 1)) locally, then a warp scan of the lane totals. The counts
+        // wait in s_count (0 past the experts) and the padded counts in s_row_off until the offsets overwrite
+        // them, not in 2 * PER registers that every thread of the block would pay for
         constexpr int PER = MAX_EXPERTS / 32;
-        int c[PER], run = 0, prun = 0;
+        int run = 0, prun = 0;
 #pragma unroll
         for (int j = 0; j < PER; ++j) {
             const int e = lane * PER + j;
-            c[j] = (e < experts) ? counts[e] : 0;
-            run += c[j];
-            prun += (c[j] + block_m - 1) / block_m * block_m;
+            const int c = (e < experts) ? counts[e] : 0, p = (c + block_m - 1) / block_m * block_m;
+            s_count[e] = c, s_row_off[e] = p;
+            run += c, prun += p;
         }
         int incl = run, pincl = prun;
 #pragma unroll
@@ -64,13 +67,12 @@ moe_permute_scatter(const int* __restrict__ topk_ids, int tokens, int top_k, int
 #pragma unroll
         for (int j = 0; j < PER; ++j) {
             const int e = lane * PER + j;
+            const int c = s_count[e], p = s_row_off[e];
             if (e <= experts) {
                 s_row_off[e] = poff;
                 if (blockIdx.x == 0) offsets[e] = off, row_offsets[e] = poff;
             }
-            if (e < experts) s_count[e] = c[j];
-            off += c[j];
-            poff += (c[j] + block_m - 1) / block_m * block_m;
+            off += c, poff += p;
         }
         if (lane == 31 && experts == MAX_EXPERTS) {
             s_row_off[MAX_EXPERTS] = poff;
@@ -118,6 +120,7 @@ moe_permute_scatter(const int* __restrict__ topk_ids, int tokens, int top_k, int
         if (valid) {
             sorted_slots[start + rank] = s;
             inverse[s] = start + rank;
+            if (row_weight != nullptr) row_weight[start + rank] = weights[s];
         }
     }
 }
@@ -164,7 +167,7 @@ moe_combine(const T* __restrict__ expert_out, const int* __restrict__ inverse, c
 #pragma unroll
     for (int k = 0; k < MAX_K; ++k) {
         row[k] = k < top_k ? __ldg(inverse + t * top_k + k) : 0;
-        w[k] = k < top_k ? __ldg(weights + t * top_k + k) : 0.f;
+        w[k] = k < top_k ? (weights != nullptr ? __ldg(weights + t * top_k + k) : 1.f) : 0.f;
     }
     const int vecs = hidden / VEC;
     P* dst = reinterpret_cast<P*>(out + t * hidden);

@@ -3,7 +3,9 @@
 // Layout. a [rows, K] row-major, rows in expert order: group e is rows [offsets[e], offsets[e+1]).
 // b [experts, N, K] row-major (K contiguous, torch Linear's [out, in] per expert): both operands are K-major,
 // which is mma.sync's row.col form, so both are loaded with plain (non-transposing) ldmatrix.
-// out [rows, N_out] row-major, N_out = N / 2 for SwiGLU, else N.
+// out [rows, N_out] row-major, N_out = N / 2 for SwiGLU, else N. K is a multiple of 8 (16-byte cp.async chunks
+// of every row); N is any N >= 1 for fp32 outputs, a multiple of 8 (SwiGLU: 16) for 16-bit outputs, whose rows
+// are written in 16-byte stores (grouped_gemm.py's validate holds the host side to this).
 //
 // Work items. A CTA computes one BM x BN tile of one expert. The tiles are numbered expert by expert
 // (ceil(count_e / BM) * ceil(N / BN) tiles for expert e); the grid is an upper bound (host side: rows / BM +
@@ -14,7 +16,8 @@
 //
 // Main loop. STAGES-deep cp.async pipeline of (A: BM x BK, B: BN x BK) tiles in dynamic shared memory, rows of
 // BK halves XOR-swizzled (mma.cuh) so that cp.async stores and ldmatrix loads are free of bank conflicts.
-// Rows past the group's end, columns past N and k past K are zero-filled by cp.async (src-size 0).
+// Rows of a past the group's end, rows of b[e] past N (any N: the check is per row) and k past K are
+// zero-filled by cp.async (src-size 0), never read.
 // WARPS_M x WARPS_N warps; each warp owns a (BM / WARPS_M) x (BN / WARPS_N) accumulator tile in registers and
 // per 16-wide k step loads its A fragments (ldmatrix.x4, 16 x 16) and B fragments (ldmatrix.x4, two 8 x 16)
 // and issues (WM / 16) x (WN / 8) mma.sync.m16n8k16.
@@ -23,7 +26,7 @@
 // thread holding accumulator columns (2j, 2j + 1) writes silu(gate) * up to output column j; 2: GELU (erf).
 // row_scale (float32 per row, may be null) multiplies the result. Results are staged through shared memory
 // (reusing the pipeline buffers) and written with 16-byte stores. TO = float (plain GEMM only, e.g. router logits):
-// fp32 results go straight from registers, 8 bytes per lane, 32 contiguous bytes per 4-lane group.
+// fp32 results go straight from registers, 8 bytes per lane (4 when N is odd), each column guarded against N.
 #include "mma.cuh"
 #include "wgmma.cuh"
 
@@ -90,8 +93,11 @@ __device__ __forceinline__ void store_tile(const float (&acc)[MI][NI][4], unsign
     constexpr int BN_OUT = EPI == EPI_SWIGLU ? BN / 2 : BN;
     constexpr int C_STRIDE = BN_OUT + 8;  // elements; +16 bytes per row spreads the fragment stores over banks
     if constexpr (sizeof(TO) == 4) {
-        // fp32 output (no activation): each 4-lane group writes 32 contiguous bytes of a row, full sectors
+        // fp32 output (no activation, any N >= 1): each 4-lane group writes 32 contiguous bytes of a row, full
+        // sectors. A column pair (col, col + 1), col even, is one 8-byte store when N is even (aligned, and
+        // col < N implies col + 1 < N); with N odd, rows start at odd elements: two guarded 4-byte stores.
         static_assert(EPI == EPI_NONE, "fp32 output is for the plain GEMM");
+        const bool pairs = (N & 1) == 0;
 #pragma unroll
         for (int i = 0; i < MI; ++i)
 #pragma unroll
@@ -102,9 +108,15 @@ __device__ __forceinline__ void store_tile(const float (&acc)[MI][NI][4], unsign
 #pragma unroll
                 for (int j = 0; j < NI; ++j) {
                     const int col = n0 + wn * WN + j * 8 + 2 * (lane & 3);
-                    if (col < N)
-                        *reinterpret_cast<float2*>(out + (size_t)(row0 + r) * N + col) =
-                            make_float2(acc[i][j][2 * h] * scale, acc[i][j][2 * h + 1] * scale);
+                    if (col >= N) continue;
+                    float* dst = out + (size_t)(row0 + r) * N + col;
+                    const float v0 = acc[i][j][2 * h] * scale, v1 = acc[i][j][2 * h + 1] * scale;
+                    if (pairs) {
+                        *reinterpret_cast<float2*>(dst) = make_float2(v0, v1);
+                    } else {
+                        dst[0] = v0;
+                        if (col + 1 < N) dst[1] = v1;
+                    }
                 }
             }
         return;

@@ -3,7 +3,8 @@
 // stable permutation needs.
 //
 // moe_route<T, EPL, WARPS>
-//   logits [tokens, experts] row-major (T = float, __half or __nv_bfloat16). experts <= 32 * EPL.
+//   logits [tokens, experts] row-major (T = float, __half or __nv_bfloat16). experts <= 32 * EPL, EPL in
+//   1, 2, 4, 8, 16 (up to 512 experts; the planner takes the smallest EPL that holds the experts).
 //   Block b owns tokens [b * block_tokens, (b + 1) * block_tokens); its warps take them round-robin, one token
 //   per warp at a time, the next token's logits prefetched while the current one is processed.
 //   Lane l holds experts l, l + 32, ..., l + 32 (EPL - 1): the row is read with coalesced loads.
@@ -55,6 +56,7 @@ moe_route(const T* __restrict__ logits, int tokens, int experts, int top_k, int 
           int renormalize, float* __restrict__ weights, int* __restrict__ topk_ids, int* __restrict__ blk_counts,
           float* __restrict__ blk_probsum, float* __restrict__ blk_zsum, unsigned* __restrict__ ticket) {
     constexpr int MAX_E = 32 * EPL;
+    static_assert(EPL <= 32, "a lane's chosen experts are one bit each of a 32-bit mask");
     __shared__ float s_prob[WARPS][MAX_E];
     __shared__ int s_count[WARPS][MAX_E];
     __shared__ float s_z[WARPS];

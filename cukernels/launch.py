@@ -1,0 +1,336 @@
+"""The launch cache and the hot path of a call.
+
+A public op keys each call on its *signature*: for every tensor argument ``view(x)``'s key (type, shape,
+strides, dtype, device) and the op's flags. The first call with a signature validates completely, plans,
+compiles and records a ready ``Launcher`` per kernel (function handle, grid, block, dynamic shared memory and
+every constant argument packed once into the parameter buffer). Later calls with that signature fill in the
+pointers, take the stream and allocator of the caller's framework (``Frame``) and call ``cuLaunchKernel``:
+no planning, no NumPy scalars, no DLPack, no host synchronisation.
+
+What a signature cannot promise is checked per call: the 16-byte alignment of the data pointers, which the
+ops' vector loads need (``check_aligned``), and that the arrays' device is the current one (the call moves
+to it, as the framework's own ops do).
+
+Frames: CuPy arrays run on CuPy's current stream with outputs from CuPy's memory pool; torch tensors run on
+``torch.cuda.current_stream()`` (the raw handle) with outputs and workspaces from torch's caching allocator,
+so they follow torch's stream semantics and its CUDA-graph memory pools. A workspace that a call needs only
+while its kernels run goes back to the CuPy pool when the call returns; while CuPy's current stream is being
+captured into a graph, the pool would hand that memory to later allocations while replays still write it,
+so those workspaces are kept alive instead (``release_captured_workspaces`` frees them once the graphs are
+gone).
+"""
+from __future__ import annotations
+
+import ctypes
+import struct
+import sys
+import threading
+from collections import OrderedDict
+from typing import Any, Callable, Sequence
+
+import numpy as np
+
+# numpy scalar types of constant kernel arguments -> their struct format in an 8-byte parameter slot
+_SLOT_FORMATS = {np.int32: "<i", np.uint32: "<I", np.int64: "<q", np.uint64: "<Q", np.float32: "<f",
+                 np.float64: "<d"}
+
+
+class Ptr:
+    """Placeholder for the ``index``-th pointer that each call hands to ``Launcher.launch``, plus a constant byte
+    ``offset`` (an array inside a call's workspace)."""
+
+    __slots__ = ("index", "offset")
+
+    def __init__(self, index: int, offset: int = 0):
+        self.index, self.offset = index, int(offset)
+
+    def __repr__(self) -> str:
+        return f"Ptr({self.index}, {self.offset})"
+
+
+class Launcher:
+    """One kernel launch with everything but the pointers and the stream fixed.
+
+    ``args`` lists the kernel's parameters in order: ``Ptr(i)`` for the call's i-th pointer, a NumPy scalar
+    (``np.int32``, ``np.int64``, ``np.float32``, ``np.uint64`` ...) for a constant, or an int for a constant
+    pointer. Every parameter gets an 8-byte slot (each is at most 8 bytes and cuLaunchKernel reads each
+    through its own address), so a pointer is set with one ctypes store. The buffer is shared by the callers
+    of a launcher, hence the lock; cuLaunchKernel copies the values before it returns (a graph capture too)."""
+
+    __slots__ = ("name", "_fn", "_dims", "_slots", "_params_addr", "_ptr_slots", "_lock", "_keep")
+
+    def __init__(self, kernel, grid: Sequence[int], block: Sequence[int], args: Sequence[Any], *, smem: int = 0):
+        kernel.reserve_smem(smem)
+        self.name = kernel.name_expression
+        self._fn = kernel.handle
+        grid, block = (tuple(int(v) for v in dims) + (1,) * (3 - len(dims)) for dims in (grid, block))
+        if min(grid + block) < 1:
+            raise ValueError(f"{self.name}: empty launch grid {grid} x block {block}")
+        self._dims = (*grid, *block, int(smem))
+        n = len(args)
+        self._slots = (ctypes.c_uint64 * max(n, 1))()
+        base = ctypes.addressof(self._slots)
+        params = (ctypes.c_void_p * max(n, 1))(*(base + 8 * i for i in range(n)))
+        self._params_addr = ctypes.addressof(params)
+        self._keep = params
+        ptr_slots = []
+        for i, a in enumerate(args):
+            if isinstance(a, Ptr):
+                ptr_slots.append((i, a.index, a.offset))
+            elif isinstance(a, (int, np.integer)) and type(a) in (int, np.uintp, np.uint64):
+                self._slots[i] = int(a)
+            else:
+                fmt = _SLOT_FORMATS.get(type(a))
+                if fmt is None:
+                    raise TypeError(f"{self.name}: argument {i} is a {type(a).__name__}; constants must be NumPy "
+                                    f"scalars of {', '.join(t.__name__ for t in _SLOT_FORMATS)} or int pointers")
+                struct.pack_into(fmt, self._slots, 8 * i, a)
+        self._ptr_slots = tuple(ptr_slots)
+        self._lock = threading.Lock()
+
+    def launch(self, stream: int, ptrs: Sequence[int]) -> None:
+        slots = self._slots
+        gx, gy, gz, bx, by, bz, smem = self._dims
+        with self._lock:
+            for slot, index, offset in self._ptr_slots:
+                slots[slot] = ptrs[index] + offset
+            _launch_kernel(self._fn, gx, gy, gz, bx, by, bz, smem, stream, self._params_addr, 0)
+
+
+def _launch_kernel(*args):  # replaced by CuPy's cuLaunchKernel binding on first use
+    global _launch_kernel
+    from cupy.cuda import driver
+
+    _launch_kernel = driver.launchKernel
+    return _launch_kernel(*args)
+
+
+# ---------------------------------------------------------------- the cache
+
+
+class Cache:
+    """Signature -> prepared call, least recently built evicted past ``maxsize`` (a process that sweeps shapes
+    does not grow without bound). Thread-safe; a miss may be built twice by racing threads, never half."""
+
+    def __init__(self, name: str, maxsize: int = 1024):
+        self.name, self.maxsize = name, maxsize
+        self._entries: OrderedDict = OrderedDict()
+        self._lock = threading.Lock()
+        self.misses = 0
+
+    def get(self, key):
+        return self._entries.get(key)
+
+    def put(self, key, entry):
+        with self._lock:
+            self.misses += 1
+            self._entries[key] = entry
+            while len(self._entries) > self.maxsize:
+                self._entries.popitem(last=False)
+        return entry
+
+    def __len__(self) -> int:
+        return len(self._entries)
+
+    def clear(self) -> None:
+        with self._lock:
+            self._entries.clear()
+
+
+# ---------------------------------------------------------------- tensors
+
+
+def _cupy_ndarray():
+    import cupy
+
+    return cupy.ndarray
+
+
+_TORCH_TENSOR: type | None = None
+
+
+def _torch_tensor_type():
+    """torch.Tensor when torch is imported (never imports it: ``import attention`` must not)."""
+    global _TORCH_TENSOR
+    if _TORCH_TENSOR is None and "torch" in sys.modules:
+        _TORCH_TENSOR = sys.modules["torch"].Tensor
+    return _TORCH_TENSOR
+
+
+_CUPY_ND: type | None = None
+
+
+def view(x):
+    """``(key, data pointer)`` of a CuPy array or torch tensor from its attributes, or ``None`` for anything else
+    (the op's full validation then says what is wrong). The key holds type, shape, strides, dtype and device:
+    two tensors with one key can share a launcher."""
+    global _CUPY_ND
+    if _CUPY_ND is None:
+        _CUPY_ND = _cupy_ndarray()
+    t = type(x)
+    if t is _CUPY_ND:
+        mem = x.data
+        return (t, x.shape, x.strides, x.dtype, mem.device_id), mem.ptr
+    tt = _TORCH_TENSOR or _torch_tensor_type()
+    if tt is not None and isinstance(x, tt) and x.is_cuda:
+        return (tt, x.shape, x.stride(), x.dtype, x.get_device()), x.data_ptr()
+    return None
+
+
+def is_torch(x) -> bool:
+    tt = _TORCH_TENSOR or _torch_tensor_type()
+    return tt is not None and isinstance(x, tt)
+
+
+# ---------------------------------------------------------------- frames: stream, device, allocator
+
+# storage dtype names -> (numpy dtype for CuPy, torch dtype attribute name)
+_DTYPES = {"fp16": (np.dtype(np.float16), "float16"), "bf16": (np.dtype(np.uint16), "bfloat16"),
+           "fp32": (np.dtype(np.float32), "float32"), "int32": (np.dtype(np.int32), "int32"),
+           "uint8": (np.dtype(np.uint8), "uint8")}
+
+_CAPTURED: list = []  # CuPy workspaces of calls captured into graphs (see the module doc)
+
+
+def captured_workspaces_since(mark: int) -> list:
+    """Hand the caller the workspaces kept for captures since ``len`` of the list was ``mark`` (an owner of a
+    graph takes those of its own capture, and frees them with the graph)."""
+    taken = _CAPTURED[mark:]
+    del _CAPTURED[mark:]
+    return taken
+
+
+def captured_mark() -> int:
+    return len(_CAPTURED)
+
+
+def release_captured_workspaces() -> int:
+    """Let go of the CuPy workspaces that calls captured into CUDA graphs kept alive; call it once every graph
+    that replays them is destroyed. Returns how many were released."""
+    n = len(_CAPTURED)
+    _CAPTURED.clear()
+    return n
+
+
+class CupyFrame:
+    """CuPy arrays: CuPy's current stream and memory pool."""
+
+    torch = False
+
+    def __init__(self, device_id: int):
+        import cupy
+
+        self.device_id = device_id
+        self._empty = cupy.ndarray  # what cupy.empty calls, without its Python layer
+        self._alloc = cupy.cuda.alloc
+        self._stream = cupy.cuda.get_current_stream
+        self._capturing = cupy.cuda.runtime.streamIsCapturing
+        self._np = {name: np_dt for name, (np_dt, _) in _DTYPES.items()}
+
+    def stream(self) -> int:
+        return self._stream().ptr
+
+    def empty(self, shape, dtype: str):
+        a = self._empty(shape, self._np[dtype])
+        return a, a.data.ptr
+
+    def workspace(self, stream: int, nbytes: int):
+        """Scratch memory for the kernels of one call (see the module doc for graph capture)."""
+        mem = self._alloc(max(nbytes, 1))  # a MemoryPointer of CuPy's pool: no array object needed
+        if stream and self._capturing(stream):
+            _CAPTURED.append(mem)
+        return mem, mem.ptr
+
+    def view(self, buf, offset: int, shape, dtype: str):
+        """An array of ``shape`` and ``dtype`` at byte ``offset`` of a ``workspace`` (which it keeps alive)."""
+        import cupy
+
+        return cupy.ndarray(shape, self._np[dtype], memptr=buf + offset)
+
+
+class TorchFrame:
+    """torch tensors: ``torch.cuda.current_stream()`` of the tensors' device and torch's caching allocator."""
+
+    torch = True
+
+    def __init__(self, device_id: int):
+        import torch
+
+        self.device_id = device_id
+        self._device = torch.device("cuda", device_id)
+        self._torch_empty = torch.empty
+        self._dt = {name: getattr(torch, attr) for name, (_, attr) in _DTYPES.items()}
+        raw = getattr(torch._C, "_cuda_getCurrentRawStream", None)  # what torch's compiled code calls
+        if raw is not None:
+            self.stream = lambda: raw(device_id)
+        else:  # pragma: no cover - older torch
+            self.stream = lambda: torch.cuda.current_stream(device_id).cuda_stream
+
+    def empty(self, shape, dtype: str):
+        t = self._torch_empty(shape, dtype=self._dt[dtype], device=self._device)
+        return t, t.data_ptr()
+
+    def workspace(self, stream: int, nbytes: int):
+        t = self._torch_empty((max(nbytes, 1),), dtype=self._dt["uint8"], device=self._device)
+        return t, t.data_ptr()
+
+    def view(self, buf, offset: int, shape, dtype: str):
+        """A tensor of ``shape`` and ``dtype`` at byte ``offset`` of a ``workspace``."""
+        dt = self._dt[dtype]
+        n = int(np.prod(shape, dtype=np.int64)) * dt.itemsize
+        return buf[offset:offset + n].view(dt).view(shape)
+
+
+_FRAMES: dict = {}
+
+
+def frame(torch_mode: bool, device_id: int):
+    """The frame of a call whose tensors are torch (or CuPy) on ``device_id``; one per (framework, device)."""
+    key = (torch_mode, device_id)
+    f = _FRAMES.get(key)
+    if f is None:
+        f = _FRAMES[key] = (TorchFrame if torch_mode else CupyFrame)(device_id)
+    return f
+
+
+_get_device: Callable[[], int] | None = None
+
+
+def current_device() -> int:
+    global _get_device
+    if _get_device is None:
+        import cupy
+
+        _get_device = cupy.cuda.runtime.getDevice
+    return _get_device()
+
+
+def on_device(device_id: int, fn: Callable, *args):
+    """Run ``fn(*args)`` with ``device_id`` current (the launch needs its context); the fast case is a compare."""
+    if current_device() == device_id:
+        return fn(*args)
+    import cupy
+
+    with cupy.cuda.Device(device_id):
+        return fn(*args)
+
+
+def check_aligned(names: Sequence[str], ptrs: Sequence[int], align: int = 16) -> None:
+    """Raise naming the first pointer that is not ``align``-byte aligned."""
+    for name, p in zip(names, ptrs):
+        if p % align:
+            raise ValueError(f"{name}'s data pointer must be {align}-byte aligned (offset views of a {align}-byte "
+                             f"multiple only), got address {p:#x}")
+
+
+class Workspace:
+    """Byte offsets of a call's scratch arrays in one allocation: ``add`` returns each one's offset (256-byte
+    aligned), ``nbytes`` the total."""
+
+    def __init__(self):
+        self.nbytes = 0
+
+    def add(self, nbytes: int) -> int:
+        off = self.nbytes
+        self.nbytes += -(-int(nbytes) // 256) * 256
+        return off

@@ -1,0 +1,115 @@
+"""Host cost per call of the public API beside torch's own ops, on problems too small to keep the GPU busy.
+
+``python tools/call_overhead.py [--json PATH]``: for each call, the host microseconds per call with the stream
+held (``cukernels.timing.host_us``: the enqueue alone, the GPU never stalls the host) and the wall time per call
+of back-to-back calls synchronised once at the end (``timing.as_called``). Needs a GPU and torch. Printed as a
+table; ``--json`` writes the rows.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+
+import numpy as np
+
+
+def _rows():
+    import cupy
+    import torch
+    import torch.nn.functional as F
+
+    import attention
+    import attention.torch as at
+    import moe
+    from cukernels import dtypes, timing
+
+    rows = []
+
+    def measure(name, fn, what):
+        fn()
+        cupy.cuda.Device().synchronize()
+        as_called = timing.as_called(fn)
+        host, held = timing.host_us(fn, per_call_ms=as_called)
+        rows.append({"call": name, "what": what, "host us": round(host, 1), "held": held,
+                     "as called us": round(1e3 * as_called, 1)})
+
+    # attention forward, B1 S128 H8 D64 causal
+    q, k, v = (dtypes.random((1, 128, 8, 64), dtypes.BF16, seed=s) for s in (1, 2, 3))
+    measure("flash_attention fwd", lambda: attention.flash_attention(q, k, v, causal=True), "CuPy arrays")
+    tq, tk, tv = (torch.randn(1, 128, 8, 64, device="cuda", dtype=torch.bfloat16) for _ in range(3))
+    measure("flash_attention fwd", lambda: attention.flash_attention(tq, tk, tv, causal=True), "torch tensors")
+    sq, sk, sv = (t.transpose(1, 2) for t in (tq, tk, tv))
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    for label, backend in (("flash", SDPBackend.FLASH_ATTENTION), ("cudnn", SDPBackend.CUDNN_ATTENTION)):
+        def sdpa(backend=backend):
+            with sdpa_kernel(backend):
+                return F.scaled_dot_product_attention(sq, sk, sv, is_causal=True)
+        measure(f"torch SDPA {label} fwd", sdpa, "torch tensors")
+
+    # forward + backward through autograd
+    gq, gk, gv = (t.clone().requires_grad_() for t in (tq, tk, tv))
+    do = torch.randn_like(tq)
+
+    def ours_fb():
+        o = at.flash_attention(gq, gk, gv, causal=True)
+        return torch.autograd.grad(o, (gq, gk, gv), do)
+    measure("attention.torch fwd+bwd", ours_fb, "autograd")
+    hq, hk, hv = (t.transpose(1, 2).clone().requires_grad_() for t in (tq, tk, tv))
+    hdo = do.transpose(1, 2)
+    for label, backend in (("flash", SDPBackend.FLASH_ATTENTION), ("cudnn", SDPBackend.CUDNN_ATTENTION)):
+        def sdpa_fb(backend=backend):
+            with sdpa_kernel(backend):
+                o = F.scaled_dot_product_attention(hq, hk, hv, is_causal=True)
+            return torch.autograd.grad(o, (hq, hk, hv), hdo)
+        measure(f"torch SDPA {label} fwd+bwd", sdpa_fb, "autograd")
+
+    # MoE parts and layer, 16 tokens
+    logits = cupy.random.default_rng(0).standard_normal((16, 64), dtype=cupy.float32)
+    measure("moe.route", lambda: moe.route(logits, 2), "CuPy, 16 tokens x 64 experts")
+    measure("moe.route + permute", lambda: moe.permute(moe.route(logits, 2)), "CuPy")
+    tlogits = torch.randn(16, 64, device="cuda")
+    measure("moe.route + permute", lambda: moe.permute(moe.route(tlogits, 2)), "torch")
+    measure("torch softmax + topk", lambda: torch.topk(torch.softmax(tlogits, -1), 2), "torch")
+    hidden, inter, experts = 1024, 512, 64
+    x = dtypes.random((16, hidden), dtypes.BF16, seed=5)
+    router = cupy.random.default_rng(1).standard_normal((hidden, experts), dtype=cupy.float32)
+    w_up = dtypes.random((experts, 2 * inter, hidden), dtypes.BF16, seed=6, scale=0.03)
+    w_down = dtypes.random((experts, hidden, inter), dtypes.BF16, seed=7, scale=0.04)
+    layer = moe.MoELayer(router, w_up, w_down, 2)
+    measure("MoELayer.forward", lambda: layer(x), f"CuPy, 16 tokens, E{experts} top2 H{hidden}")
+    tl = moe.MoELayer(*(torch.from_dlpack(a.view(np.int16)).view(torch.bfloat16) if a.dtype == np.uint16
+                        else torch.from_dlpack(a) for a in (router, w_up, w_down)), 2)
+    tx = torch.randn(16, hidden, device="cuda").to(torch.bfloat16)
+    measure("MoELayer.forward", lambda: tl(tx), "torch")
+    cap = layer.capture(16)
+    measure("MoELayer captured replay", cap.replay, "CuPy graph")
+    measure("MoELayer captured x -> out", lambda: cap(x), "CuPy graph + input copy")
+    tcap = tl.capture(16)
+    measure("MoELayer captured replay", tcap.replay, "torch.cuda.graph")
+    measure("MoELayer captured x -> out", lambda: tcap(tx), "torch.cuda.graph + input copy")
+    return rows
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(prog="python tools/call_overhead.py", description=__doc__.split("\n\n")[0])
+    p.add_argument("--json", metavar="PATH")
+    args = p.parse_args(argv)
+    from cukernels import device
+
+    if not device.gpu_available():
+        print("error: needs a CUDA GPU (and torch)", file=sys.stderr)
+        return 2
+    from tabulate import tabulate
+
+    rows = _rows()
+    print(tabulate(rows, headers="keys", tablefmt="github"))
+    if args.json:
+        with open(args.json, "w") as fh:
+            json.dump(rows, fh, indent=1)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
