@@ -191,3 +191,25 @@ def flash_attention_backward(do, q, k, v, o, lse, *, causal=False, window=None, 
         call = BackwardCall(do, q, k, v, o, lse, problem, plan, softmax_scale, segment_ids, deterministic)
         views = [launch.view(x) for x in (do, q, k, v, o)]
     return call(tuple(x[1] for x in views[:5]), lse, segment_ids)
+
+
+_BACKWARD_AFTER = launch.Cache("attention.backward (keyed by its forward)")
+
+
+def backward_keyed(forward_key, do, q, k, v, o, lse, *, causal, window, segment_ids, softmax_scale, deterministic):
+    """The backward of a forward cached under ``forward_key`` (``api.forward_keyed``), whose o and lse it is
+    given: its signature is the forward's, dO's and the flag, so q, k, v, o and lse need only their pointers.
+    Falls back to ``flash_attention_backward`` (which validates in full) when the forward was not cached."""
+    vdo = launch.view(do)
+    if forward_key is None or vdo is None or (deterministic is not True and deterministic is not False):
+        return flash_attention_backward(do, q, k, v, o, lse, causal=causal, window=window, segment_ids=segment_ids,
+                                        softmax_scale=softmax_scale, deterministic=deterministic)
+    key = (forward_key, vdo[0], deterministic)
+    call = _BACKWARD_AFTER.get(key)
+    if call is None:
+        problem = validate_backward(do, q, k, v, o, lse, causal=causal, window=window, segment_ids=segment_ids,
+                                    softmax_scale=softmax_scale, deterministic=deterministic)
+        call = _BACKWARD_AFTER.put(key, BackwardCall(do, q, k, v, o, lse, problem, None, softmax_scale, segment_ids,
+                                                     deterministic))
+    ptr = launch.pointer
+    return call((vdo[1], ptr(q), ptr(k), ptr(v), ptr(o)), lse, segment_ids)

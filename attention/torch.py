@@ -22,6 +22,8 @@ except ImportError as exc:  # pragma: no cover - exercised only without torch
     raise ImportError("attention.torch needs PyTorch (pip install 'cukernels[torch]')") from exc
 
 from .api import flash_attention as _forward
+from .api import forward_keyed
+from .backward import backward_keyed
 from .backward import flash_attention_backward as _backward
 
 Tensor = torch.Tensor
@@ -101,18 +103,18 @@ flash_attention_forward.register_autograd(_op_backward, setup_context=_setup_con
 class _FlashAttention(torch.autograd.Function):
     @staticmethod
     def forward(ctx, q, k, v, causal, window, segment_ids, softmax_scale, deterministic):
-        o, lse = _forward(q, k, v, causal=causal, window=window, segment_ids=segment_ids,
-                          softmax_scale=softmax_scale, return_lse=True)
+        o, lse, key = forward_keyed(q, k, v, causal, window, segment_ids, softmax_scale)
         ctx.save_for_backward(q, k, v, o, lse)
-        ctx.options = (causal, window, segment_ids, softmax_scale, deterministic)
+        ctx.options = (key, causal, window, segment_ids, softmax_scale, deterministic)
         return o
 
     @staticmethod
     def backward(ctx, do):
         q, k, v, o, lse = ctx.saved_tensors
-        causal, window, segment_ids, softmax_scale, deterministic = ctx.options
-        dq, dk, dv = _backward(_aligned_grad(do), q, k, v, o, lse, causal=causal, window=window,
-                               segment_ids=segment_ids, softmax_scale=softmax_scale, deterministic=deterministic)
+        key, causal, window, segment_ids, softmax_scale, deterministic = ctx.options
+        dq, dk, dv = backward_keyed(key, _aligned_grad(do), q, k, v, o, lse, causal=causal, window=window,
+                                    segment_ids=segment_ids, softmax_scale=softmax_scale,
+                                    deterministic=deterministic)
         return dq, dk, dv, None, None, None, None, None
 
 

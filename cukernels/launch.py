@@ -177,6 +177,13 @@ def view(x):
     return None
 
 
+def pointer(x) -> int:
+    """The data pointer of a CuPy array or torch tensor (whose signature is already known)."""
+    if is_torch(x):
+        return x.data_ptr()
+    return x.data.ptr
+
+
 def is_torch(x) -> bool:
     tt = _TORCH_TENSOR or _torch_tensor_type()
     return tt is not None and isinstance(x, tt)

@@ -208,7 +208,7 @@ def _layer_check(out, inputs, dtype: str, sample: int = 32, seed: int = 0) -> ch
     layer, x = inputs.layer, inputs.x
     out = out if isinstance(out, cupy.ndarray) else dtypes.as_cupy(out, name="out")[0]
     rng = np.random.default_rng(seed)
-    tok = cupy.asarray(np.sort(rng.choice(x.shape[0], sample, replace=False)))
+    tok = cupy.asarray(np.sort(rng.choice(x.shape[0], min(sample, x.shape[0]), replace=False)))
     xt = dtypes.to_float32(x[tok])
     logits = (xt @ dtypes.to_float32(layer.router_b[0]).T).get()
     sel = np.argsort(-logits, axis=1, kind="stable")[:, : layer.top_k]

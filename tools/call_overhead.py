@@ -2,8 +2,8 @@
 
 ``python tools/call_overhead.py [--json PATH]``: for each call, the host microseconds per call with the stream
 held (``cukernels.timing.host_us``: the enqueue alone, the GPU never stalls the host) and the wall time per call
-of back-to-back calls synchronised once at the end (``timing.as_called``). Needs a GPU and torch. Printed as a
-table; ``--json`` writes the rows.
+of back-to-back calls synchronised once at the end (``timing.as_called``), in interleaved rounds (the median over rounds; p20-p80 says how much host time moved).
+Needs a GPU and torch. Printed as a table; ``--json`` writes the rows.
 """
 from __future__ import annotations
 
@@ -14,7 +14,7 @@ import sys
 import numpy as np
 
 
-def _rows():
+def _rows(rounds: int):
     import cupy
     import torch
     import torch.nn.functional as F
@@ -24,15 +24,10 @@ def _rows():
     import moe
     from cukernels import dtypes, timing
 
-    rows = []
+    calls = []
 
     def measure(name, fn, what):
-        fn()
-        cupy.cuda.Device().synchronize()
-        as_called = timing.as_called(fn)
-        host, held = timing.host_us(fn, per_call_ms=as_called)
-        rows.append({"call": name, "what": what, "host us": round(host, 1), "held": held,
-                     "as called us": round(1e3 * as_called, 1)})
+        calls.append((name, fn, what))
 
     # attention forward, B1 S128 H8 D64 causal
     q, k, v = (dtypes.random((1, 128, 8, 64), dtypes.BF16, seed=s) for s in (1, 2, 3))
@@ -56,6 +51,23 @@ def _rows():
         o = at.flash_attention(gq, gk, gv, causal=True)
         return torch.autograd.grad(o, (gq, gk, gv), do)
     measure("attention.torch fwd+bwd", ours_fb, "autograd")
+
+    class Floor(torch.autograd.Function):
+        """A Python autograd.Function that launches nothing: the floor of any op written this way."""
+
+        @staticmethod
+        def forward(ctx, q, k, v):
+            ctx.save_for_backward(q, k, v)
+            return torch.empty_like(q)
+
+        @staticmethod
+        def backward(ctx, do):
+            q, k, v = ctx.saved_tensors
+            return torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
+
+    def floor_fb():
+        return torch.autograd.grad(Floor.apply(gq, gk, gv), (gq, gk, gv), do)
+    measure("autograd.Function, no kernels", floor_fb, "autograd floor of a Python op")
     hq, hk, hv = (t.transpose(1, 2).clone().requires_grad_() for t in (tq, tk, tv))
     hdo = do.transpose(1, 2)
     for label, backend in (("flash", SDPBackend.FLASH_ATTENTION), ("cudnn", SDPBackend.CUDNN_ATTENTION)):
@@ -89,12 +101,41 @@ def _rows():
     tcap = tl.capture(16)
     measure("MoELayer captured replay", tcap.replay, "torch.cuda.graph")
     measure("MoELayer captured x -> out", lambda: tcap(tx), "torch.cuda.graph + input copy")
+    return _interleaved(calls, rounds)
+
+
+def _interleaved(calls, rounds: int) -> list[dict]:
+    """Host time moves on a scale of seconds on a shared machine: every call is timed once per round, round
+    after round, so calls compared with each other were timed at the same moments; the median over rounds."""
+    import cupy
+
+    from cukernels import timing
+
+    host = {name + what: [] for name, _, what in calls}
+    called = {name + what: [] for name, _, what in calls}
+    held = {name + what: True for name, _, what in calls}
+    for _ in range(rounds):
+        for name, fn, what in calls:
+            fn()
+            cupy.cuda.Device().synchronize()
+            as_called = timing.as_called(fn, repeats=1)
+            us, was_held = timing.host_us(fn, per_call_ms=as_called, repeats=1)
+            host[name + what].append(us)
+            called[name + what].append(1e3 * as_called)
+            held[name + what] &= was_held
+    rows = []
+    for name, _, what in calls:
+        h = np.asarray(host[name + what])
+        rows.append({"call": name, "what": what, "host us": round(float(np.median(h)), 1),
+                     "host us p20-p80": f"{np.percentile(h, 20):.1f}-{np.percentile(h, 80):.1f}",
+                     "held": held[name + what], "as called us": round(float(np.median(called[name + what])), 1)})
     return rows
 
 
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(prog="python tools/call_overhead.py", description=__doc__.split("\n\n")[0])
     p.add_argument("--json", metavar="PATH")
+    p.add_argument("--rounds", type=int, default=15, help="rounds over all calls (default %(default)s)")
     args = p.parse_args(argv)
     from cukernels import device
 
@@ -103,7 +144,7 @@ def main(argv=None) -> int:
         return 2
     from tabulate import tabulate
 
-    rows = _rows()
+    rows = _rows(args.rounds)
     print(tabulate(rows, headers="keys", tablefmt="github"))
     if args.json:
         with open(args.json, "w") as fh:
