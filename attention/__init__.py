@@ -16,3 +16,9 @@ from .backward_reference import attention_backward_reference
 from .bwd_configs import BwdConfig, plan_backward
 
 __all__ += ["flash_attention_backward", "attention_backward_reference", "BwdConfig", "plan_backward"]
+
+# Inference: attention over a KV cache (kvcache.py, decode_configs.py, kernels/flash_decode.cu)
+from .decode_configs import DecodeConfig, plan_decode
+from .kvcache import flash_attention_with_kvcache
+
+__all__ += ["flash_attention_with_kvcache", "DecodeConfig", "plan_decode"]

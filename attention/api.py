@@ -89,9 +89,11 @@ def _describe_ids(ids, name):
     return tuple(int(s) for s in ids.shape), None, None, dev, None
 
 
-def validate(q, k, v, *, causal=False, window=None, segment_ids=None, softmax_scale=None) -> FwdProblem:
+def validate(q, k, v, *, causal=False, window=None, segment_ids=None, softmax_scale=None,
+             kv_is_paged=False) -> FwdProblem:
     """Check every argument from its attributes (no device work); return the problem or raise
-    ``ValueError``/``TypeError`` naming the argument."""
+    ``ValueError``/``TypeError`` naming the argument. ``kv_is_paged``: k and v are pages of a cache
+    ([pages, page, kv_heads, head_dim]), whose first dimension is not the batch."""
     descs = {}
     for name, x in (("q", q), ("k", k), ("v", v)):
         shape, dt, strides, dev, dtype_text = describe(x, name)
@@ -106,7 +108,7 @@ def validate(q, k, v, *, causal=False, window=None, segment_ids=None, softmax_sc
     batch, seq_q, heads, head_dim = qs
     if ks != vs:
         raise ValueError(f"k and v must have the same shape, got k {list(ks)} and v {list(vs)}")
-    if ks[0] != batch:
+    if ks[0] != batch and not kv_is_paged:
         raise ValueError(f"k/v batch {ks[0]} differs from q batch {batch}")
     if ks[3] != head_dim:
         raise ValueError(f"k/v head_dim {ks[3]} differs from q head_dim {head_dim}")

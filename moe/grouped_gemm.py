@@ -36,17 +36,12 @@ SOURCE = Path(__file__).parent / "kernels" / "grouped_gemm.cu"
 _DTYPES = (dtypes.FP16, dtypes.BF16)
 
 
-def _contiguous(x) -> bool:
-    flags = getattr(x, "flags", None)
-    return bool(flags.c_contiguous) if flags is not None else True
-
-
 def validate(a, b, offsets, *, epilogue=None, row_scale=None, out_dtype=None) -> gemm_configs.GemmProblem:
     """Check shapes, dtypes and layout from the arrays' attributes alone (no GPU needed); return the problem."""
     if epilogue not in gemm_configs.EPILOGUES:
         raise ValueError(f"epilogue must be one of {list(gemm_configs.EPILOGUES)}, got {epilogue!r}")
-    if out_dtype is not None and np.dtype(out_dtype) not in (np.dtype(np.float32), np.dtype(a.dtype)):
-        raise TypeError(f"out_dtype must be None, float32 or a's dtype {a.dtype}, got {np.dtype(out_dtype)}")
+    if out_dtype is not None and np.dtype(out_dtype) not in (np.dtype(np.float32), dtypes.storage(a)):
+        raise TypeError(f"out_dtype must be None, float32 or a's dtype {dtypes.text(a)}, got {np.dtype(out_dtype)}")
     fp32_out = out_dtype is not None and np.dtype(out_dtype) == np.float32
     if fp32_out and epilogue is not None:
         raise ValueError(f"out_dtype=float32 is for the plain GEMM; epilogue {epilogue!r} writes a's dtype")
@@ -55,10 +50,10 @@ def validate(a, b, offsets, *, epilogue=None, row_scale=None, out_dtype=None) ->
     if len(getattr(b, "shape", ())) != 3:
         raise ValueError(f"b must be 3-D [experts, N, K] (one [N, K] weight per expert, K contiguous), "
                          f"got shape {tuple(getattr(b, 'shape', ()))}")
-    if np.dtype(a.dtype) not in _DTYPES:
-        raise TypeError(f"a must be float16 or bfloat16 (uint16 bits), got {a.dtype}")
-    if np.dtype(b.dtype) != np.dtype(a.dtype):
-        raise TypeError(f"b must have a's dtype {a.dtype}, got {b.dtype}")
+    if dtypes.storage(a) not in _DTYPES:
+        raise TypeError(f"a must be float16 or bfloat16, got {dtypes.text(a)}")
+    if dtypes.storage(b) != dtypes.storage(a):
+        raise TypeError(f"b must have a's dtype {dtypes.text(a)}, got {dtypes.text(b)}")
     rows, k = (int(v) for v in a.shape)
     experts, n, kb = (int(v) for v in b.shape)
     if kb != k:
@@ -76,24 +71,24 @@ def validate(a, b, offsets, *, epilogue=None, row_scale=None, out_dtype=None) ->
         hint = {"swiglu": "; SwiGLU halves N into gate/up pairs",
                 None: "; out_dtype=float32 accepts any N >= 1"}.get(epilogue, "")
         raise ValueError(f"N = {n} (b.shape[1]): must be a positive multiple of {mult} for "
-                         f"{dtypes.dtype_name(a.dtype)} outputs, written in 16-byte stores{hint}")
+                         f"{dtypes.dtype_name(dtypes.storage(a))} outputs, written in 16-byte stores{hint}")
     if rows >= 2**31:
         raise ValueError(f"a has {rows} rows: at most 2**31 - 1 are supported")
     if tuple(getattr(offsets, "shape", ())) != (experts + 1,):
         raise ValueError(f"offsets must be 1-D [experts + 1] = [{experts + 1}], got shape "
                          f"{tuple(getattr(offsets, 'shape', ()))}")
-    if np.dtype(offsets.dtype) != np.int32:
-        raise TypeError(f"offsets must be int32, got {offsets.dtype}")
+    if dtypes.storage(offsets) != np.int32:
+        raise TypeError(f"offsets must be int32, got {dtypes.text(offsets)}")
     if row_scale is not None:
         if tuple(getattr(row_scale, "shape", ())) != (rows,):
             raise ValueError(f"row_scale must be 1-D [rows] = [{rows}], got shape "
                              f"{tuple(getattr(row_scale, 'shape', ()))}")
-        if np.dtype(row_scale.dtype) != np.float32:
-            raise TypeError(f"row_scale must be float32, got {row_scale.dtype}")
+        if dtypes.storage(row_scale) != np.float32:
+            raise TypeError(f"row_scale must be float32, got {dtypes.text(row_scale)}")
     for name, x in (("a", a), ("b", b), ("offsets", offsets), ("row_scale", row_scale)):
-        if x is not None and not _contiguous(x):
-            raise ValueError(f"{name} must be C-contiguous, got strides {x.strides} for shape {tuple(x.shape)}")
-    return gemm_configs.GemmProblem(rows=rows, n=n, k=k, experts=experts, dtype=dtypes.dtype_name(a.dtype),
+        if x is not None and not dtypes.is_c_contiguous(x):
+            raise ValueError(f"{name} must be C-contiguous, got a strided view of shape {tuple(x.shape)}")
+    return gemm_configs.GemmProblem(rows=rows, n=n, k=k, experts=experts, dtype=dtypes.dtype_name(dtypes.storage(a)),
                                     epilogue=epilogue)
 
 
@@ -144,16 +139,11 @@ def _validated(a, b, offsets, epilogue, row_scale, out_dtype, config) -> GemmCal
         if x is not None and _launch.view(x) is None:
             raise TypeError(f"{name} must be a cupy.ndarray or a torch CUDA tensor, got {type(x).__name__}"
                             + (" on the host" if hasattr(x, "shape") else ""))
-    for name, x in named:
-        if x is not None and _launch.is_torch(x) and dtypes.storage(x) is None:
-            raise TypeError(f"{name} has dtype {dtypes.text(x)}: expected float16 or bfloat16 (a, b), int32 "
-                            f"(offsets), float32 (row_scale)")
-    views = [None if x is None else dtypes.as_cupy(x, name=n)[0] for n, x in named]
-    problem = validate(*views[:3], epilogue=epilogue, row_scale=views[3], out_dtype=out_dtype)
+    problem = validate(a, b, offsets, epilogue=epilogue, row_scale=row_scale, out_dtype=out_dtype)
     devs = {_launch.view(x)[0][4] for _, x in named if x is not None}
     if len(devs) != 1:
         raise ValueError(f"a, b, offsets (and row_scale) must be on one device, got devices {sorted(devs)}")
-    dt = np.dtype(views[0].dtype)
+    dt = dtypes.storage(a)
     out = dt if out_dtype is None else np.dtype(out_dtype)
     frame = _launch.frame(_launch.is_torch(a), devs.pop())
     return GemmCall(problem, config, out, dt, frame, row_scale is not None)

@@ -1,0 +1,312 @@
+// Attention over a KV cache (decode, speculative decoding, chunked prefill): split-KV on mma.sync, sm_80+.
+//
+// Layout: q [batch, seq_q, heads, HEAD_DIM] (any strides on the first three dimensions, multiples of 8
+// elements); the cache either contiguous, k/v [batch, max_seq, kv_heads, HEAD_DIM] (s_b = batch stride), or
+// paged, k/v [num_pages, page, kv_heads, HEAD_DIM] with block_table int32 [batch, max_pages] (s_b = page stride):
+// key position j of sequence b lives in page block_table[b][j / page], slot j % page. The sequence holds
+// L_b = cache_seqlens[b] + seqlen_new keys (new tokens appended by kv_append first).
+//
+// GQA packing: the seq_q x group query rows that share a KV head are rows of one 16-row tile (row r = query
+// position r / group, head kv_head * group + r % group), so each K/V tile is read once per group. More rows
+// than 16 take several row tiles (grid.y = kv_heads x row tiles).
+//
+// Split-KV: grid.x = num_splits; split s covers keys [s * split_keys, (s + 1) * split_keys) of each sequence
+// (clipped to L_b and to the causal/window bounds of its rows). Block: WARPS warps; a stage of the cp.async ring
+// holds WARPS x 16 keys and warp w takes keys [16 w, 16 w + 16) of each stage: its own S = Q K^T (m16n8k16),
+// online softmax and O += P V over its share of the split. At the end the warps' (max, sum, O) are merged
+// through shared memory. With one split the result is O and LSE; with several, each split writes its O
+// (normalised, fp32) and LSE to o_part / lse_part and flash_decode_combine merges them by LSE.
+//
+// Masks, per row: keys j < L_b; causal/window in kv coordinates (query i sits at L_b - seq_q + i):
+// j in [at - window_left, at + window_right] (window_right = 0 under causal; unbounded = a large value).
+#include "common.cuh"
+
+using namespace attn;
+
+// A page id outside [0, num_pages) is clamped (the host checks the table; this keeps a bad one in bounds).
+template <bool PAGED>
+__device__ __forceinline__ long long kv_row_offset(int j, int b, const int* __restrict__ block_table, int max_pages,
+                                                   int page, int num_pages, long long s_b, long long s_s) {
+    if constexpr (PAGED) {
+        const int p = min(max(__ldg(block_table + (long long)b * max_pages + j / page), 0), num_pages - 1);
+        return p * s_b + (long long)(j % page) * s_s;
+    } else {
+        return b * s_b + (long long)j * s_s;
+    }
+}
+
+template <typename T, int HEAD_DIM, int WARPS, int STAGES, bool PAGED>
+__global__ void __launch_bounds__(WARPS * 32, 1)
+flash_decode(const T* __restrict__ q, const T* __restrict__ k, const T* __restrict__ v, T* __restrict__ o,
+             float* __restrict__ lse, float* __restrict__ o_part, float* __restrict__ lse_part,
+             const int* __restrict__ cache_seqlens, const int* __restrict__ block_table, long long q_sb,
+             long long q_ss, long long q_sh, long long k_sb, long long k_ss, long long k_sh, long long v_sb,
+             long long v_ss, long long v_sh, int seq_q, int heads, int kv_heads, int kv_group, int max_pages,
+             int page, int num_pages, int capacity, int seqlen_new, int window_left, int window_right, int split_keys,
+             float scale_log2) {
+    constexpr int THREADS = WARPS * 32;
+    constexpr int KEYS = WARPS * 16;      // keys per stage
+    constexpr int CHUNKS = HEAD_DIM / 8;  // 16-byte chunks per row
+    constexpr int DT = HEAD_DIM / 8;
+    constexpr int KSTEPS = HEAD_DIM / 16;
+    constexpr bool Q_IN_REGS = HEAD_DIM <= 128;
+    constexpr int ROW_BYTES = HEAD_DIM * 2;
+    static_assert((KEYS * CHUNKS) % THREADS == 0, "copy split");
+    static_assert(WARPS * 16 * (HEAD_DIM + 6) * 4 <= 2 * STAGES * KEYS * ROW_BYTES, "the merge fits the ring");
+
+    extern __shared__ __align__(128) unsigned char smem_raw[];
+    T* sQ = reinterpret_cast<T*>(smem_raw);
+    T* sK = sQ + 16 * HEAD_DIM;
+    T* sV = sK + STAGES * KEYS * HEAD_DIM;
+
+    const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+    const int g = lane >> 2, t = lane & 3;
+    const int split = blockIdx.x, kvh = blockIdx.y % kv_heads, row_tile = blockIdx.y / kv_heads, b = blockIdx.z;
+    const int rows = seq_q * kv_group;
+    const int r0 = row_tile * 16;
+    const int len = min(__ldg(cache_seqlens + b) + seqlen_new, capacity);  // clamped: never past the cache
+    const int shift = len - seq_q;                                         // query i sits at key i + shift
+
+    // keys this CTA reads: its split, clipped to the sequence and to what its rows can see
+    const int first_q = r0 / kv_group, last_q = min(r0 + 15, rows - 1) / kv_group;
+    int k_begin = max(split * split_keys, first_q + shift - window_left);
+    int k_end = min(min(len, (split + 1) * split_keys), last_q + shift + window_right + 1);
+    k_begin = max(k_begin, 0);
+    const int n_stages = k_end > k_begin ? (k_end - k_begin + KEYS - 1) / KEYS : 0;
+
+    const T* kb = k + kvh * k_sh;
+    const T* vb = v + kvh * v_sh;
+
+    auto load_q = [&]() {
+        for (int i = tid; i < 16 * CHUNKS; i += THREADS) {
+            const int r = i / CHUNKS, ch = i % CHUNKS;
+            const int gr = r0 + r;
+            const bool ok = gr < rows;
+            const int qi = ok ? gr / kv_group : 0, head = kvh * kv_group + (ok ? gr % kv_group : 0);
+            const T* from = q + b * q_sb + qi * q_ss + head * q_sh + ch * 8;
+            cp_async16(smem_addr(sQ + swizzled<HEAD_DIM>(r, ch)), from, ok);
+        }
+    };
+    auto load_kv = [&](int stage_idx, int ring) {
+        const int j0 = k_begin + stage_idx * KEYS;
+#pragma unroll
+        for (int it = 0; it < KEYS * CHUNKS / THREADS; ++it) {
+            const int i = it * THREADS + tid;
+            const int row = i / CHUNKS, ch = i % CHUNKS;
+            const int j = j0 + row;
+            const bool ok = j < k_end;
+            const long long off = ok ? kv_row_offset<PAGED>(j, b, block_table, max_pages, page, num_pages, k_sb, k_ss) : 0;
+            const long long voff = ok ? kv_row_offset<PAGED>(j, b, block_table, max_pages, page, num_pages, v_sb, v_ss) : 0;
+            cp_async16(smem_addr(sK + ring * KEYS * HEAD_DIM + swizzled<HEAD_DIM>(row, ch)), kb + off + ch * 8, ok);
+            cp_async16(smem_addr(sV + ring * KEYS * HEAD_DIM + swizzled<HEAD_DIM>(row, ch)), vb + voff + ch * 8, ok);
+        }
+    };
+
+    load_q();
+    cp_async_commit();
+    int next_load = 0, load_ring = 0;
+#pragma unroll
+    for (int s = 0; s < STAGES - 1; ++s) {
+        if (next_load < n_stages) load_kv(next_load++, load_ring);
+        cp_async_commit();
+        load_ring = load_ring + 1 == STAGES ? 0 : load_ring + 1;
+    }
+
+    // ldmatrix addresses as in flash_fwd.cu; warp w's keys start 16 w rows into each stage
+    const int qa_row = (lane & 7) + ((lane >> 3) & 1) * 8, qa_ch = lane >> 4;
+    const int kb_row = (lane & 7) + (lane >> 4) * 8, kb_ch = (lane >> 3) & 1;
+    const int vb_row = (lane & 7) + ((lane >> 3) & 1) * 8, vb_ch = lane >> 4;
+    unsigned q_off[4], k_off[4], v_off[4];
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+        q_off[i] = smem_addr(sQ) + 2 * swizzled<HEAD_DIM>(qa_row, 2 * i + qa_ch);
+        k_off[i] = smem_addr(sK) + 2 * swizzled<HEAD_DIM>(warp * 16 + kb_row, 2 * i + kb_ch);
+        v_off[i] = smem_addr(sV) + 2 * swizzled<HEAD_DIM>(warp * 16 + vb_row, 2 * i + vb_ch);
+    }
+    auto q_addr = [&](int kk) { return q_off[kk & 3] + (kk >> 2) * 128; };
+    unsigned qf[Q_IN_REGS ? KSTEPS : 1][4];
+    if constexpr (Q_IN_REGS) {
+        cp_async_wait<STAGES - 1>();
+        __syncthreads();
+#pragma unroll
+        for (int kk = 0; kk < KSTEPS; ++kk) ldmatrix_x4(q_addr(kk), qf[kk][0], qf[kk][1], qf[kk][2], qf[kk][3]);
+    }
+
+    // rows g and g + 8 of the tile: the keys each may see
+    int lo[2], hi[2];
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+        const int gr = r0 + g + 8 * h;
+        const int at = (gr < rows ? gr / kv_group : 0) + shift;
+        lo[h] = gr < rows ? at - window_left : 1;  // an empty range for padding rows
+        hi[h] = gr < rows ? min(at + window_right, k_end - 1) : 0;
+    }
+
+    float o_acc[DT][4];
+    float row_max[2] = {neg_inf(), neg_inf()}, row_sum[2] = {0.f, 0.f};
+#pragma unroll
+    for (int i = 0; i < DT; ++i) o_acc[i][0] = o_acc[i][1] = o_acc[i][2] = o_acc[i][3] = 0.f;
+
+    for (int st = 0; st < n_stages; ++st) {
+        const int ring = st % STAGES;
+        cp_async_wait<STAGES - 2>();
+        __syncthreads();
+        if (next_load < n_stages) load_kv(next_load++, load_ring);
+        cp_async_commit();
+        load_ring = load_ring + 1 == STAGES ? 0 : load_ring + 1;
+
+        const unsigned stage_bytes = ring * (KEYS * ROW_BYTES);
+        const int j0 = k_begin + st * KEYS + warp * 16;
+        float s[2][4];
+#pragma unroll
+        for (int i = 0; i < 2; ++i) s[i][0] = s[i][1] = s[i][2] = s[i][3] = 0.f;
+#pragma unroll
+        for (int kk = 0; kk < KSTEPS; ++kk) {
+            unsigned a[4];
+            if constexpr (Q_IN_REGS) {
+                a[0] = qf[kk][0]; a[1] = qf[kk][1]; a[2] = qf[kk][2]; a[3] = qf[kk][3];
+            } else {
+                ldmatrix_x4(q_addr(kk), a[0], a[1], a[2], a[3]);
+            }
+            unsigned b0, b1, b2, b3;
+            ldmatrix_x4(k_off[kk & 3] + stage_bytes + (kk >> 2) * 128, b0, b1, b2, b3);
+            mma16816<T>(s[0], a, b0, b1);
+            mma16816<T>(s[1], a, b2, b3);
+        }
+#pragma unroll
+        for (int nt = 0; nt < 2; ++nt)
+#pragma unroll
+            for (int e = 0; e < 4; ++e) {
+                const int j = j0 + nt * 8 + 2 * t + (e & 1), h = e >> 1;
+                if (j < lo[h] || j > hi[h]) s[nt][e] = neg_inf();
+            }
+        online_softmax<2, DT, true>(s, o_acc, row_max, row_sum, scale_log2);
+        unsigned a[4];
+        a[0] = pack2<T>(s[0][0], s[0][1]);
+        a[1] = pack2<T>(s[0][2], s[0][3]);
+        a[2] = pack2<T>(s[1][0], s[1][1]);
+        a[3] = pack2<T>(s[1][2], s[1][3]);
+#pragma unroll
+        for (int dp = 0; dp < DT / 2; ++dp) {
+            unsigned b0, b1, b2, b3;
+            ldmatrix_x4_trans(v_off[dp & 3] + stage_bytes + (dp >> 2) * 128, b0, b1, b2, b3);
+            mma16816<T>(o_acc[2 * dp], a, b0, b1);
+            mma16816<T>(o_acc[2 * dp + 1], a, b2, b3);
+        }
+    }
+    cp_async_wait<0>();
+    __syncthreads();
+
+    // ---- merge the warps: (max in log2 units, sum, O) per row through shared memory (the K/V ring's space)
+    float* sM = reinterpret_cast<float*>(sK);  // [WARPS][16]
+    float* sL = sM + WARPS * 16;               // [WARPS][16]
+    float* sO = sL + WARPS * 16;               // [WARPS][16][HEAD_DIM + 4]
+    constexpr int OS = HEAD_DIM + 4;
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+        const float l = quad_sum(row_sum[h]);
+        const int r = g + 8 * h;
+        if (t == 0) {
+            sM[warp * 16 + r] = row_max[h] == neg_inf() ? neg_inf() : row_max[h] * scale_log2;
+            sL[warp * 16 + r] = l;
+        }
+#pragma unroll
+        for (int dt = 0; dt < DT; ++dt) {
+            sO[(warp * 16 + r) * OS + dt * 8 + 2 * t] = o_acc[dt][2 * h];
+            sO[(warp * 16 + r) * OS + dt * 8 + 2 * t + 1] = o_acc[dt][2 * h + 1];
+        }
+    }
+    __syncthreads();
+    constexpr float LN2 = 0.6931471805599453f;
+    for (int i = tid; i < 16 * (HEAD_DIM / 4); i += THREADS) {
+        const int r = i / (HEAD_DIM / 4), c = (i % (HEAD_DIM / 4)) * 4;
+        const int gr = r0 + r;
+        if (gr >= rows) continue;
+        float m = neg_inf();
+#pragma unroll
+        for (int w = 0; w < WARPS; ++w) m = fmaxf(m, sM[w * 16 + r]);
+        float l = 0.f, acc[4] = {0.f, 0.f, 0.f, 0.f};
+        if (m != neg_inf()) {
+#pragma unroll
+            for (int w = 0; w < WARPS; ++w) {
+                const float f = exp2f(sM[w * 16 + r] - m);
+                l = fmaf(sL[w * 16 + r], f, l);
+#pragma unroll
+                for (int e = 0; e < 4; ++e) acc[e] = fmaf(sO[(w * 16 + r) * OS + c + e], f, acc[e]);
+            }
+        }
+        const float inv = l > 0.f ? 1.f / l : 0.f;
+        const int qi = gr / kv_group, head = kvh * kv_group + gr % kv_group;
+        const float row_lse = l > 0.f ? (m + log2f(l)) * LN2 : neg_inf();
+        if (o_part == nullptr) {
+            T* dst = o + (((long long)b * seq_q + qi) * heads + head) * HEAD_DIM + c;
+            *reinterpret_cast<uint2*>(dst) = make_uint2(pack2<T>(acc[0] * inv, acc[1] * inv),
+                                                        pack2<T>(acc[2] * inv, acc[3] * inv));
+            if (c == 0) lse[((long long)b * heads + head) * seq_q + qi] = row_lse;
+        } else {
+            const long long row = (((long long)split * gridDim.z + b) * seq_q + qi) * heads + head;
+            *reinterpret_cast<float4*>(o_part + row * HEAD_DIM + c) =
+                make_float4(acc[0] * inv, acc[1] * inv, acc[2] * inv, acc[3] * inv);
+            if (c == 0) lse_part[row] = row_lse;
+        }
+    }
+}
+
+// Merge the splits of flash_decode: one warp per (batch, query, head) row, lanes along HEAD_DIM.
+// o_part [splits, batch, seq_q, heads, HEAD_DIM] fp32 (each split's O normalised), lse_part [splits, batch,
+// seq_q, heads] (natural log, -inf for a split that saw no key) -> o (T, [batch, seq_q, heads, HEAD_DIM]) and lse
+// ([batch, heads, seq_q]).
+template <typename T, int HEAD_DIM>
+__global__ void __launch_bounds__(128)
+flash_decode_combine(const float* __restrict__ o_part, const float* __restrict__ lse_part, T* __restrict__ o,
+                     float* __restrict__ lse, int splits, int batch, int seq_q, int heads) {
+    constexpr int PER_LANE = HEAD_DIM / 32;
+    const long long row = (long long)blockIdx.x * 4 + (threadIdx.x >> 5);
+    const long long rows = (long long)batch * seq_q * heads;
+    if (row >= rows) return;
+    const int lane = threadIdx.x & 31;
+    float m = neg_inf();
+    for (int s = 0; s < splits; ++s) m = fmaxf(m, __ldg(lse_part + s * rows + row));
+    float acc[PER_LANE];
+#pragma unroll
+    for (int e = 0; e < PER_LANE; ++e) acc[e] = 0.f;
+    float l = 0.f;
+    if (m != neg_inf()) {
+        for (int s = 0; s < splits; ++s) {
+            const float ls = __ldg(lse_part + s * rows + row);
+            if (ls == neg_inf()) continue;
+            const float f = __expf(ls - m);
+            l += f;
+            const float* src = o_part + (s * rows + row) * HEAD_DIM + lane * PER_LANE;
+#pragma unroll
+            for (int e = 0; e < PER_LANE; ++e) acc[e] = fmaf(__ldg(src + e), f, acc[e]);
+        }
+    }
+    const float inv = l > 0.f ? 1.f / l : 0.f;
+    T* dst = o + row * HEAD_DIM + lane * PER_LANE;
+#pragma unroll
+    for (int e = 0; e < PER_LANE; e += 2) *reinterpret_cast<unsigned*>(dst + e) = pack2<T>(acc[e] * inv, acc[e + 1] * inv);
+    if (lane == 0) {
+        const int head = row % heads, qi = (row / heads) % seq_q, b = row / ((long long)heads * seq_q);
+        lse[((long long)b * heads + head) * seq_q + qi] = l > 0.f ? m + logf(l) : neg_inf();
+    }
+}
+
+// New tokens into the cache: k_new/v_new [batch, seqlen_new, kv_heads, HEAD_DIM] (any strides, head_dim
+// contiguous) land at positions cache_seqlens[b] + i (paged like flash_decode). Positions past the cache's
+// capacity are dropped (the host checks lengths; this keeps a bad length from writing out of bounds).
+// Grid (seqlen_new, kv_heads, batch), HEAD_DIM / 8 threads: one 16-byte chunk each.
+template <typename T, bool PAGED>
+__global__ void kv_append(const T* __restrict__ k_new, const T* __restrict__ v_new, T* __restrict__ k, T* __restrict__ v,
+                          const int* __restrict__ cache_seqlens, const int* __restrict__ block_table, long long n_sb,
+                          long long n_ss, long long n_sh, long long vn_sb, long long vn_ss, long long vn_sh,
+                          long long k_sb, long long k_ss, long long k_sh, long long v_sb, long long v_ss,
+                          long long v_sh, int max_pages, int page, int num_pages, int capacity) {
+    const int i = blockIdx.x, kvh = blockIdx.y, b = blockIdx.z, ch = threadIdx.x;
+    const int j = __ldg(cache_seqlens + b) + i;
+    if (j < 0 || j >= capacity) return;
+    const long long koff = kv_row_offset<PAGED>(j, b, block_table, max_pages, page, num_pages, k_sb, k_ss) + kvh * k_sh;
+    const long long voff = kv_row_offset<PAGED>(j, b, block_table, max_pages, page, num_pages, v_sb, v_ss) + kvh * v_sh;
+    reinterpret_cast<uint4*>(k + koff)[ch] = reinterpret_cast<const uint4*>(k_new + b * n_sb + i * n_ss + kvh * n_sh)[ch];
+    reinterpret_cast<uint4*>(v + voff)[ch] = reinterpret_cast<const uint4*>(v_new + b * vn_sb + i * vn_ss + kvh * vn_sh)[ch];
+}

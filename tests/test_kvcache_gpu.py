@@ -1,0 +1,150 @@
+"""flash_attention_with_kvcache against the fp32 reference per sequence: contiguous and paged caches (shuffled
+pages), ragged lengths including 0, 1 and page boundaries, appended k/v, GQA packing, causal bottom-right for
+seq_q > 1, windows, every head dim and dtype, any number of splits; bad input refused before any launch."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from cukernels import checks, dtypes
+
+pytestmark = pytest.mark.gpu
+
+ATOL = {"fp16": 1e-3, "bf16": 8e-3}
+
+
+def _case(batch, seq_q, heads, kv_heads, dim, lens, *, dtype="bf16", page=None, max_seq=None, new=0, seed=0):
+    """Inputs: q, the cache (contiguous or paged with a shuffled block table), cache_seqlens, k/v new tokens."""
+    import cupy
+
+    dt = dtypes.from_name(dtype)
+    max_seq = max_seq or max(max(lens) + new, 1)
+    q = dtypes.random((batch, seq_q, heads, dim), dt, seed=seed)
+    lens_d = cupy.asarray(np.asarray(lens, dtype=np.int32))
+    kn = vn = None
+    if new:
+        kn = dtypes.random((batch, new, kv_heads, dim), dt, seed=seed + 5)
+        vn = dtypes.random((batch, new, kv_heads, dim), dt, seed=seed + 6)
+    if page is None:
+        kc = dtypes.random((batch, max_seq, kv_heads, dim), dt, seed=seed + 1)
+        vc = dtypes.random((batch, max_seq, kv_heads, dim), dt, seed=seed + 2)
+        return q, kc, vc, lens_d, None, kn, vn
+    max_pages = -(-max_seq // page)
+    pages = batch * max_pages + 3
+    kc = dtypes.random((pages, page, kv_heads, dim), dt, seed=seed + 1)
+    vc = dtypes.random((pages, page, kv_heads, dim), dt, seed=seed + 2)
+    order = np.random.default_rng(seed).permutation(pages)[: batch * max_pages]
+    table = cupy.asarray(order.reshape(batch, max_pages).astype(np.int32))
+    return q, kc, vc, lens_d, table, kn, vn
+
+
+def _check(q, kc, vc, lens, table, kn, vn, dtype, num_splits=None, **kw):
+    import cupy
+
+    from attention import flash_attention_with_kvcache
+    from attention.kvcache import kvcache_reference
+
+    kc0, vc0 = kc.copy(), vc.copy()
+    ref_o, ref_lse = kvcache_reference(q, kc0, vc0, lens, block_table=table, k=kn, v=vn, **kw)
+    checks.poison_pool(q.size * 2 + (1 << 20))
+    o, lse = flash_attention_with_kvcache(q, kc, vc, cache_seqlens=lens, block_table=table, k=kn, v=vn,
+                                          num_splits=num_splits, return_lse=True, **kw)
+    cupy.cuda.Device().synchronize()
+    assert o.shape == q.shape and o.dtype == q.dtype
+    naive_kw = dict(kw)
+    tol = checks.Tolerance(atol=ATOL[dtype], rtol=2e-2)
+    checks.compare(o, ref_o, tol=tol, name="o").raise_if_failed()
+    finite = cupy.isfinite(ref_lse)
+    assert bool((cupy.isfinite(lse) == finite).all())
+    checks.compare(cupy.where(finite, lse, 0), cupy.where(finite, ref_lse, 0),
+                   tol=checks.Tolerance(atol=2e-3, rtol=2e-4), name="lse").raise_if_failed()
+    del naive_kw
+    return o, lse
+
+
+@pytest.mark.parametrize("dim", [64, 128, 256])
+@pytest.mark.parametrize("dtype", ["bf16", "fp16"])
+def test_decode_contiguous_ragged(dim, dtype):
+    _check(*_case(4, 1, 8, 2, dim, [0, 1, 300, 1000], dtype=dtype, max_seq=1024, seed=dim), dtype)
+
+
+@pytest.mark.parametrize("page", [16, 64, 256])
+def test_paged_shuffled_pages_and_page_boundaries(page):
+    lens = [0, 1, page, page + 1, 3 * page - 1, 5 * page]
+    _check(*_case(6, 1, 8, 8, 128, lens, page=page, max_seq=6 * page, seed=page), "bf16")
+
+
+@pytest.mark.parametrize("seq_q,causal", [(1, False), (4, True), (4, False), (7, True)])
+def test_gqa_packing_and_causal_bottom_right(seq_q, causal):
+    # 32 query heads over 8 KV heads: 4 x seq_q packed rows per KV head (more than 16 rows: several row tiles)
+    _check(*_case(2, seq_q, 32, 8, 128, [513, 2000], max_seq=2048, seed=seq_q), "bf16", causal=causal)
+
+
+def test_append_new_tokens_lands_in_the_right_slots():
+    import cupy
+
+    from attention import flash_attention_with_kvcache
+
+    q, kc, vc, lens, table, kn, vn = _case(3, 2, 4, 2, 64, [5, 16, 31], page=16, max_seq=64, new=2, seed=9)
+    _check(q, kc.copy(), vc.copy(), lens, table, kn, vn, "bf16", causal=True)
+    flash_attention_with_kvcache(q, kc, vc, cache_seqlens=lens, block_table=table, k=kn, v=vn, causal=True)
+    cupy.cuda.Device().synchronize()
+    t = cupy.asnumpy(table)
+    for b, n in enumerate(cupy.asnumpy(lens)):
+        for i in range(2):
+            j = int(n) + i
+            page, slot = int(t[b, j // 16]), j % 16
+            assert bool((kc[page, slot] == kn[b, i]).all()) and bool((vc[page, slot] == vn[b, i]).all())
+
+
+def test_splits_give_the_same_answer():
+    case = _case(2, 1, 8, 2, 128, [3000, 4096], max_seq=4096, seed=3)
+    outs = [_check(*case, "bf16", num_splits=s)[0] for s in (1, 2, 7, 32)]
+    for o in outs[1:]:
+        checks.compare(o, outs[0], tol=checks.Tolerance(atol=8e-3, rtol=1e-2), name="splits").raise_if_failed()
+
+
+def test_window():
+    _check(*_case(2, 3, 8, 4, 64, [700, 1500], max_seq=1536, seed=4), "fp16", window=(100, 0), causal=True)
+
+
+def test_torch_tensors_in_and_out():
+    torch = pytest.importorskip("torch")
+    from attention import flash_attention_with_kvcache
+    from attention.kvcache import kvcache_reference
+
+    q = torch.randn(2, 1, 16, 128, device="cuda", dtype=torch.bfloat16)
+    kc = torch.randn(2, 512, 4, 128, device="cuda", dtype=torch.bfloat16)
+    vc = torch.randn(2, 512, 4, 128, device="cuda", dtype=torch.bfloat16)
+    lens = torch.tensor([100, 512], device="cuda", dtype=torch.int32)
+    o = flash_attention_with_kvcache(q, kc, vc, cache_seqlens=lens)
+    assert isinstance(o, torch.Tensor) and o.dtype == torch.bfloat16
+    import cupy
+
+    def c(t):
+        return cupy.from_dlpack(t.view(torch.int16)).view(cupy.uint16)
+    ref, _ = kvcache_reference(c(q), c(kc), c(vc), cupy.from_dlpack(lens))
+    checks.compare(c(o), ref, tol=checks.Tolerance(atol=8e-3, rtol=2e-2), name="o").raise_if_failed()
+
+
+def test_bad_input_is_refused_before_launch():
+    import cupy
+
+    from attention import flash_attention_with_kvcache
+
+    q, kc, vc, lens, table, _, _ = _case(2, 1, 4, 2, 64, [10, 20], page=16, max_seq=32, seed=1)
+    cases = [
+        (dict(cache_seqlens=cupy.asarray([10, 40], dtype=cupy.int32), block_table=table), ValueError,
+         r"cache_seqlens\[1\] = 40"),
+        (dict(cache_seqlens=lens.astype(cupy.int64), block_table=table), TypeError, "cache_seqlens must be int32"),
+        (dict(cache_seqlens=lens, block_table=table.astype(cupy.float32)), TypeError, "block_table must be int32"),
+        (dict(cache_seqlens=lens, block_table=table[:1]), ValueError, "block_table"),
+        (dict(cache_seqlens=lens, block_table=table + 1000), ValueError, r"page ids must be in"),
+        (dict(cache_seqlens=lens, block_table=table, num_splits=0), ValueError, "num_splits"),
+        (dict(cache_seqlens=lens, block_table=table, k=q[:, :, :2]), ValueError, "pass both"),
+    ]
+    for kw, exc, match in cases:
+        with pytest.raises(exc, match=match):
+            flash_attention_with_kvcache(q, kc, vc, **kw)
+    with pytest.raises(ValueError, match="page size"):
+        flash_attention_with_kvcache(q, kc[:, :8], vc[:, :8], cache_seqlens=lens, block_table=table)
