@@ -20,6 +20,7 @@ from .configs import HEAD_DIMS, MIN_COMPUTE_CAPABILITY
 OP = "attention.decode"
 ROWS_PER_TILE = 16  # one mma.sync row tile of packed (query position, head-in-group) rows
 MAX_SPLITS = 128
+MIN_STAGES_PER_SPLIT = 4  # fewer keys per split and the pipeline's fill and the combine outweigh the parallelism
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -72,8 +73,10 @@ class DecodeConfig:
 
 
 def search_space(head_dim: int) -> list[DecodeConfig]:
-    """Preference order: 4 warps with a deep ring, then shallower, then fewer warps (small shared memory)."""
-    return [DecodeConfig(head_dim=head_dim, warps=w, stages=s) for w, s in ((4, 3), (4, 2), (2, 3), (2, 2))]
+    """Preference order: about 16 KB of K and V per stage (8 warps at head dim 64, 4 above: rows of 128 bytes need
+    more of them in flight), a deep ring, then shallower, then fewer warps (small shared memory)."""
+    first = [(8, 3)] if head_dim == 64 else []
+    return [DecodeConfig(head_dim=head_dim, warps=w, stages=s) for w, s in first + [(4, 3), (4, 2), (2, 3), (2, 2)]]
 
 
 def plan_decode(problem: DecodeProblem, spec: DeviceSpec) -> tiling.Plan:
@@ -88,13 +91,13 @@ def plan_decode(problem: DecodeProblem, spec: DeviceSpec) -> tiling.Plan:
 
 
 def plan_splits(problem: DecodeProblem, config: DecodeConfig, spec: DeviceSpec) -> int:
-    """Splits per sequence: the fewest whose grid reaches ~85 % of the best wave efficiency over 1..MAX_SPLITS,
-    where CTAs per SM come from shared memory, and each split keeps at least two stages of keys (FlashAttention's
-    heuristic, with this kernel's occupancy)."""
+    """Splits per sequence: the fewest whose grid reaches 95 % of the best wave efficiency over 1..MAX_SPLITS
+    (FlashAttention's heuristic, with this kernel's occupancy: CTAs per SM from shared memory), each split keeping
+    at least MIN_STAGES_PER_SPLIT stages of keys."""
     per_sm = max(1, min(spec.smem_per_sm // max(config.smem_bytes(), 1), spec.max_threads_per_sm // config.threads))
     slots = spec.sm_count * per_sm
     base = problem.batch * problem.kv_heads * problem.row_tiles
-    max_useful = max(1, min(MAX_SPLITS, problem.max_keys // (2 * config.keys_per_stage)))
+    max_useful = max(1, min(MAX_SPLITS, problem.max_keys // (MIN_STAGES_PER_SPLIT * config.keys_per_stage)))
     if base >= slots:
         return 1
 
@@ -103,4 +106,4 @@ def plan_splits(problem: DecodeProblem, config: DecodeConfig, spec: DeviceSpec) 
         return waves / -(-waves // 1)
 
     best = max(efficiency(s) for s in range(1, max_useful + 1))
-    return next(s for s in range(1, max_useful + 1) if efficiency(s) >= 0.85 * best)
+    return next(s for s in range(1, max_useful + 1) if efficiency(s) >= 0.95 * best)

@@ -234,6 +234,7 @@ def run(
     timer = dict(rel_noise_target=rel_noise_target)
 
     for ci, case in enumerate(cases):
+        inputs = reference = ready = None  # the last case's buffers go before this case's are made
         _free_pool()
         inputs = op.make_inputs(case, seed + ci)
         reference = op.reference(case, inputs)

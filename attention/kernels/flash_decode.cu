@@ -23,16 +23,21 @@
 
 using namespace attn;
 
-// A page id outside [0, num_pages) is clamped (the host checks the table; this keeps a bad one in bounds).
+// Where key j of sequence b lives: (page or batch index, row within it). A page id outside [0, num_pages) is
+// clamped (the host checks the table; this keeps a bad one in bounds).
 template <bool PAGED>
-__device__ __forceinline__ long long kv_row_offset(int j, int b, const int* __restrict__ block_table, int max_pages,
-                                                   int page, int num_pages, long long s_b, long long s_s) {
+__device__ __forceinline__ int2 kv_row(int j, int b, const int* __restrict__ block_table, int max_pages, int page,
+                                       int num_pages) {
     if constexpr (PAGED) {
         const int p = min(max(__ldg(block_table + (long long)b * max_pages + j / page), 0), num_pages - 1);
-        return p * s_b + (long long)(j % page) * s_s;
+        return make_int2(p, j % page);
     } else {
-        return b * s_b + (long long)j * s_s;
+        return make_int2(b, j);
     }
+}
+
+__device__ __forceinline__ long long row_offset(int2 at, long long s_b, long long s_s) {
+    return at.x * s_b + (long long)at.y * s_s;
 }
 
 template <typename T, int HEAD_DIM, int WARPS, int STAGES, bool PAGED>
@@ -95,8 +100,8 @@ flash_decode(const T* __restrict__ q, const T* __restrict__ k, const T* __restri
             const int row = i / CHUNKS, ch = i % CHUNKS;
             const int j = j0 + row;
             const bool ok = j < k_end;
-            const long long off = ok ? kv_row_offset<PAGED>(j, b, block_table, max_pages, page, num_pages, k_sb, k_ss) : 0;
-            const long long voff = ok ? kv_row_offset<PAGED>(j, b, block_table, max_pages, page, num_pages, v_sb, v_ss) : 0;
+            const int2 at = ok ? kv_row<PAGED>(j, b, block_table, max_pages, page, num_pages) : make_int2(0, 0);
+            const long long off = row_offset(at, k_sb, k_ss), voff = row_offset(at, v_sb, v_ss);
             cp_async16(smem_addr(sK + ring * KEYS * HEAD_DIM + swizzled<HEAD_DIM>(row, ch)), kb + off + ch * 8, ok);
             cp_async16(smem_addr(sV + ring * KEYS * HEAD_DIM + swizzled<HEAD_DIM>(row, ch)), vb + voff + ch * 8, ok);
         }
@@ -305,8 +310,8 @@ __global__ void kv_append(const T* __restrict__ k_new, const T* __restrict__ v_n
     const int i = blockIdx.x, kvh = blockIdx.y, b = blockIdx.z, ch = threadIdx.x;
     const int j = __ldg(cache_seqlens + b) + i;
     if (j < 0 || j >= capacity) return;
-    const long long koff = kv_row_offset<PAGED>(j, b, block_table, max_pages, page, num_pages, k_sb, k_ss) + kvh * k_sh;
-    const long long voff = kv_row_offset<PAGED>(j, b, block_table, max_pages, page, num_pages, v_sb, v_ss) + kvh * v_sh;
+    const int2 at = kv_row<PAGED>(j, b, block_table, max_pages, page, num_pages);
+    const long long koff = row_offset(at, k_sb, k_ss) + kvh * k_sh, voff = row_offset(at, v_sb, v_ss) + kvh * v_sh;
     reinterpret_cast<uint4*>(k + koff)[ch] = reinterpret_cast<const uint4*>(k_new + b * n_sb + i * n_ss + kvh * n_sh)[ch];
     reinterpret_cast<uint4*>(v + voff)[ch] = reinterpret_cast<const uint4*>(v_new + b * vn_sb + i * vn_ss + kvh * vn_sh)[ch];
 }
