@@ -15,7 +15,8 @@
 // holds WARPS x 16 keys and warp w takes keys [16 w, 16 w + 16) of each stage: its own S = Q K^T (m16n8k16),
 // online softmax and O += P V over its share of the split. At the end the warps' (max, sum, O) are merged
 // through shared memory. With one split the result is O and LSE; with several, each split writes its O
-// (normalised, fp32) and LSE to o_part / lse_part and flash_decode_combine merges them by LSE.
+// (normalised, fp32) and LSE to o_part / lse_part, and the last split of a (batch, kv head, row tile) to finish
+// (a counter per tile, zeroed before the launch) merges them by LSE: no second kernel.
 //
 // Masks, per row: keys j < L_b; causal/window in kv coordinates (query i sits at L_b - seq_q + i):
 // j in [at - window_left, at + window_right] (window_right = 0 under causal; unbounded = a large value).
@@ -44,7 +45,7 @@ template <typename T, int HEAD_DIM, int WARPS, int STAGES, bool PAGED>
 __global__ void __launch_bounds__(WARPS * 32, 1)
 flash_decode(const T* __restrict__ q, const T* __restrict__ k, const T* __restrict__ v, T* __restrict__ o,
              float* __restrict__ lse, float* __restrict__ o_part, float* __restrict__ lse_part,
-             const int* __restrict__ cache_seqlens, const int* __restrict__ block_table, long long q_sb,
+             int* __restrict__ counters, const int* __restrict__ cache_seqlens, const int* __restrict__ block_table, long long q_sb,
              long long q_ss, long long q_sh, long long k_sb, long long k_ss, long long k_sh, long long v_sb,
              long long v_ss, long long v_sh, int seq_q, int heads, int kv_heads, int kv_group, int max_pages,
              int page, int num_pages, int capacity, int seqlen_new, int window_left, int window_right, int split_keys,
@@ -58,6 +59,7 @@ flash_decode(const T* __restrict__ q, const T* __restrict__ k, const T* __restri
     constexpr int ROW_BYTES = HEAD_DIM * 2;
     static_assert((KEYS * CHUNKS) % THREADS == 0, "copy split");
     static_assert(WARPS * 16 * (HEAD_DIM + 6) * 4 <= 2 * STAGES * KEYS * ROW_BYTES, "the merge fits the ring");
+    static_assert(16 * 128 * 4 <= 2 * STAGES * KEYS * ROW_BYTES, "the split weights (<= 128 splits) fit the ring");
 
     extern __shared__ __align__(128) unsigned char smem_raw[];
     T* sQ = reinterpret_cast<T*>(smem_raw);
@@ -255,45 +257,61 @@ flash_decode(const T* __restrict__ q, const T* __restrict__ k, const T* __restri
             if (c == 0) lse_part[row] = row_lse;
         }
     }
-}
+    if (o_part == nullptr) return;
 
-// Merge the splits of flash_decode: one warp per (batch, query, head) row, lanes along HEAD_DIM.
-// o_part [splits, batch, seq_q, heads, HEAD_DIM] fp32 (each split's O normalised), lse_part [splits, batch,
-// seq_q, heads] (natural log, -inf for a split that saw no key) -> o (T, [batch, seq_q, heads, HEAD_DIM]) and lse
-// ([batch, heads, seq_q]).
-template <typename T, int HEAD_DIM>
-__global__ void __launch_bounds__(128)
-flash_decode_combine(const float* __restrict__ o_part, const float* __restrict__ lse_part, T* __restrict__ o,
-                     float* __restrict__ lse, int splits, int batch, int seq_q, int heads) {
-    constexpr int PER_LANE = HEAD_DIM / 32;
-    const long long row = (long long)blockIdx.x * 4 + (threadIdx.x >> 5);
-    const long long rows = (long long)batch * seq_q * heads;
-    if (row >= rows) return;
-    const int lane = threadIdx.x & 31;
-    float m = neg_inf();
-    for (int s = 0; s < splits; ++s) m = fmaxf(m, __ldg(lse_part + s * rows + row));
-    float acc[PER_LANE];
+    // ---- the last split of this (batch, kv head, row tile) to finish merges every split's rows by LSE
+    __shared__ int s_last;
+    __threadfence();  // this CTA's partials are visible device-wide before it is counted
+    __syncthreads();
+    if (tid == 0) s_last = atomicAdd(counters + (long long)b * gridDim.y + blockIdx.y, 1) == gridDim.x - 1;
+    __syncthreads();
+    if (!s_last) return;
+    __threadfence();
+    // weights per (row, split) = exp(lse_s - lse) into shared memory (the ring's space is free again), one warp
+    // per row, lanes over splits; then every (row, 4 columns) sums its splits' O with the loads unrolled
+    const long long all_rows = (long long)gridDim.z * seq_q * heads;
+    const int n_splits = gridDim.x;
+    float* sW = reinterpret_cast<float*>(sK);  // [16][n_splits]
+    for (int r = warp; r < 16; r += WARPS) {
+        const int gr = r0 + r;
+        if (gr >= rows) continue;
+        const long long row = ((long long)b * seq_q + gr / kv_group) * heads + kvh * kv_group + gr % kv_group;
+        float m = neg_inf();
+        for (int sp = lane; sp < n_splits; sp += 32) m = fmaxf(m, __ldcg(lse_part + sp * all_rows + row));
 #pragma unroll
-    for (int e = 0; e < PER_LANE; ++e) acc[e] = 0.f;
-    float l = 0.f;
-    if (m != neg_inf()) {
-        for (int s = 0; s < splits; ++s) {
-            const float ls = __ldg(lse_part + s * rows + row);
-            if (ls == neg_inf()) continue;
-            const float f = __expf(ls - m);
+        for (int off = 16; off > 0; off >>= 1) m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, off));
+        float l = 0.f;
+        for (int sp = lane; sp < n_splits; sp += 32) {
+            const float ls = __ldcg(lse_part + sp * all_rows + row);
+            const float f = (m == neg_inf() || ls == neg_inf()) ? 0.f : __expf(ls - m);
+            sW[r * n_splits + sp] = f;
             l += f;
-            const float* src = o_part + (s * rows + row) * HEAD_DIM + lane * PER_LANE;
-#pragma unroll
-            for (int e = 0; e < PER_LANE; ++e) acc[e] = fmaf(__ldg(src + e), f, acc[e]);
         }
-    }
-    const float inv = l > 0.f ? 1.f / l : 0.f;
-    T* dst = o + row * HEAD_DIM + lane * PER_LANE;
 #pragma unroll
-    for (int e = 0; e < PER_LANE; e += 2) *reinterpret_cast<unsigned*>(dst + e) = pack2<T>(acc[e] * inv, acc[e + 1] * inv);
-    if (lane == 0) {
-        const int head = row % heads, qi = (row / heads) % seq_q, b = row / ((long long)heads * seq_q);
-        lse[((long long)b * heads + head) * seq_q + qi] = l > 0.f ? m + logf(l) : neg_inf();
+        for (int off = 16; off > 0; off >>= 1) l += __shfl_xor_sync(0xffffffffu, l, off);
+        const float inv = l > 0.f ? 1.f / l : 0.f;
+        for (int sp = lane; sp < n_splits; sp += 32) sW[r * n_splits + sp] *= inv;
+        if (lane == 0)
+            lse[((long long)b * heads + kvh * kv_group + gr % kv_group) * seq_q + gr / kv_group] =
+                l > 0.f ? m + logf(l) : neg_inf();
+    }
+    __syncthreads();
+    for (int i = tid; i < 16 * (HEAD_DIM / 4); i += THREADS) {
+        const int r = i / (HEAD_DIM / 4), c = (i % (HEAD_DIM / 4)) * 4;
+        const int gr = r0 + r;
+        if (gr >= rows) continue;
+        const long long row = ((long long)b * seq_q + gr / kv_group) * heads + kvh * kv_group + gr % kv_group;
+        const float* src = o_part + row * HEAD_DIM + c;
+        const long long step = all_rows * HEAD_DIM;
+        float acc[4] = {0.f, 0.f, 0.f, 0.f};
+#pragma unroll 4
+        for (int sp = 0; sp < n_splits; ++sp) {
+            const float w = sW[r * n_splits + sp];
+            const float4 x = __ldcg(reinterpret_cast<const float4*>(src + sp * step));
+            acc[0] = fmaf(x.x, w, acc[0]), acc[1] = fmaf(x.y, w, acc[1]);
+            acc[2] = fmaf(x.z, w, acc[2]), acc[3] = fmaf(x.w, w, acc[3]);
+        }
+        *reinterpret_cast<uint2*>(o + row * HEAD_DIM + c) = make_uint2(pack2<T>(acc[0], acc[1]), pack2<T>(acc[2], acc[3]));
     }
 }
 
