@@ -17,7 +17,7 @@ import numpy as np
 
 from cukernels import bench, checks, cli, compile, device, dtypes, tiling
 
-from . import suites
+from . import decode_bench, suites
 from .api import KERNELS, flash_attention
 from .configs import plan_forward
 from .backward import KERNEL_SOURCE as BWD_SOURCE
@@ -26,7 +26,21 @@ from .bwd_configs import plan_backward
 from .backward_reference import attention_backward_reference
 from .reference import attention_reference
 
-SUITES = ("default", "seed004", "grug", "sweep", "quick", "ci", "overhead")
+# --suite NAME: what each holds and where its shapes come from (``attention/suites.py`` tags the cases)
+SUITES = {
+    "default": "seed004 + grug: what a run with no arguments measures (under a minute on an H200)",
+    "seed004": "the 2 shapes of the project's expected-results brief (seed 004), whose H100/A100/A10 times "
+               "expected_results/*.toml holds; scored against them",
+    "grug": "model shapes of the Grug attention perf report on a GB10 (seed 000): Llama-8B- and Qwen-like GQA, a "
+            "125M model at high batch, head dim 256, sliding window + packed documents; causal as in training",
+    "quick": "3 small shapes, one per head dim (64, 128, 256): a fast pass",
+    "ci": "small odd-sized shapes (ragged tiles, GQA, window, packed documents) that the GPU tests check",
+    "overhead": "tiny problems (seq 128) where the host's cost per call is all there is; grades seed 004's "
+                "launch overhead < 50 us",
+    "decode": "attention over a KV cache (flash_attention_with_kvcache): batch 1/8/64 x cache 1k-128k x 32/8, 32/32, "
+              "16/16 heads x 1 or 4 query tokens, contiguous and paged, beside torch SDPA, in GB/s of the copy "
+              "bandwidth (attention/decode_bench.py)",
+}
 # expected-table rows (expected_results/*.toml [[attention]]) by suite case name
 _EXPECTED_KEY = {"seed004_b16_s2048_h16_d64": "seed004_a", "seed004_b32_s4096_h32_d128": "seed004_b"}
 FWD_BWD_FLOP_FACTOR = 3.5  # forward + backward = 1 + 2.5 forward FLOPs (five matmuls of the backward)
@@ -234,38 +248,40 @@ def _variant(case: bench.Case, cfg) -> tuple:
 
 
 def _plan_rows(cases: list[bench.Case], spec: device.DeviceSpec, with_compile: bool) -> list[dict]:
+    """One row per case: the tiles, their shared memory against the limit, the CTA count, and with
+    ``with_compile`` the registers and spills of the main kernel; "why" and "kernel" are --verbose columns."""
     rows = []
     for case in cases:
         row = {"case": case.name, "shape": _shape(case)}
         try:
             plan = _plan(case, spec)
         except tiling.PlanError as exc:
-            rows.append({**row, "config": f"no plan: {exc}"})
+            rows.append({**row, "tiles": cli.NO_PLAN, "why": str(exc)})
             continue
         cfg, p = plan.config, case.params
         if p["backward"]:  # the dK/dV kernel's grid: KV tiles x kv heads x batch
             ctas = math.ceil((p["seq_kv"] or p["seq_q"]) / cfg.block_n) * p["kv_heads"] * p["batch"]
         else:
             ctas = math.ceil(p["seq_q"] / cfg.block_m) * p["heads"] * p["batch"]
-        row.update({"config": str(cfg), "smem B": f"{plan.smem_bytes:,}", "limit B": f"{plan.limit:,}",
-                    "fits": "yes" if plan.smem_bytes <= plan.limit else "NO", "CTAs": f"{ctas:,}",
-                    "why": plan.reason})
+        source, expr = _variant(case, cfg)
+        row.update({"tiles": str(cfg).replace(" | ", "; "), "smem / limit B": cli.smem_cell(plan),
+                    "CTAs": f"{ctas:,}"})
         if with_compile:
-            source, expr = _variant(case, cfg)
             try:
-                res = compile.compile_offline(source, [expr], spec.arch)[expr]
-                row.update({"regs": res.registers, "spill B": res.spills, "stack B": res.stack_bytes})
+                row.update(cli.resource_cells(compile.compile_offline(source, [expr], spec.arch)[expr]))
             except compile.CompileError as exc:
                 row.update({"regs": "compile error", "spill B": str(exc).splitlines()[0]})
-        rows.append(row)
+        rows.append({**row, "kernel": expr, "why": plan.reason})
     return rows
 
 
 def _shape(case: bench.Case) -> str:
     p = case.params
+    if "length" in p:  # a decode case
+        return decode_bench.shape(case)
     mask = "causal" if p["causal"] else "full"
     if p["window"]:
-        mask += f"+win{tuple(p['window'])}"
+        mask += "+win{},{}".format(*p["window"])
     if p["segments"]:
         mask += "+seg"
     kv = f"/{p['kv_heads']}" if p["kv_heads"] != p["heads"] else ""
@@ -318,10 +334,14 @@ OP = cli.OpBench(
                              poison_bytes=_poison_bytes),
     suites=SUITES,
     default_suite="default",
-    cases=lambda suite, args: [_to_bench_case(c, args) for c in _suite_cases(suite)],
+    cases=lambda suite, args: (decode_bench.cases(suite, args) if suite == "decode"
+                               else [_to_bench_case(c, args) for c in _suite_cases(suite)]),
+    describe=_shape,
+    shape_legend="shape: B batch, S sequence [x kv sequence], H heads [/ kv heads], D head dim, mask",
     impls=_impls,
     default_impls=("ours", "torch-flash", "torch-cudnn", "naive"),
     plan_rows=_plan_rows,
+    plan_details=("kernel", "why"),
     plan_of=_plan_of,
     expected_kind="attention",
     expected_fields={"ours": ("target_ms",), "torch-flash": ("torch_flash_ms", "reference_ms"),
@@ -336,7 +356,11 @@ OP = cli.OpBench(
 
 
 def main(argv=None) -> int:
-    return cli.main(OP, argv)
+    argv = sys.argv[1:] if argv is None else list(argv)
+    decode = any(a == "--suite=decode" or (a == "--suite" and nxt == "decode")
+                 for a, nxt in zip(argv, argv[1:] + [""]))
+    # the decode suite has its own inputs, implementations and tables (attention/decode_bench.py)
+    return cli.main(decode_bench.OP if decode else OP, argv)
 
 
 if __name__ == "__main__":

@@ -40,6 +40,11 @@ def cases(suite: str, args) -> list[bench.Case]:
     return out
 
 
+def shape(case: bench.Case) -> str:
+    p = case.params
+    return f"B{p['batch']} L{p['length']} H{p['heads']}/{p['kv_heads']} D{p['head_dim']} q{p['seq_q']}"
+
+
 def _cache_bytes(case: bench.Case) -> int:
     p = case.params
     return 2 * p["batch"] * p["length"] * p["kv_heads"] * p["head_dim"] * 2
@@ -222,12 +227,13 @@ def bandwidth_table(results: list[bench.Result], args) -> str:
 
 
 OP = cli.OpBench(
-    prog="python -m attention.bench --suite decode",
+    prog="python -m attention.bench",
     description=__doc__.split("\n\n")[0],
     op=lambda args: bench.Op(name="attention-decode", make_inputs=make_inputs, reference=reference, check=check,
                              poison_bytes=lambda case: 2 * case.params["batch"] * case.params["seq_q"]
                              * case.params["heads"] * case.params["head_dim"] + (1 << 20)),
-    suites=("decode",),
+    suites={"decode": "attention over a KV cache: batch 1/8/64 x cache 1k-128k x 32/8, 32/32, 16/16 heads x 1 or 4 "
+                      "query tokens, contiguous and paged (16, 256), beside torch SDPA on the contiguous cache"},
     default_suite="decode",
     cases=cases,
     impls=impls,
@@ -236,5 +242,6 @@ OP = cli.OpBench(
     plan_of=plan_of,
     expected_kind="",
     reference_impl="torch-cudnn",
+    describe=shape,
     extra_output=bandwidth_table,
 )

@@ -126,7 +126,8 @@ def _check_values(cache_seqlens, block_table, seqlen_new: int, capacity: int, nu
 
 
 class DecodeCall:
-    """A planned, compiled call for one signature: append (optional), split attention, combine (splits > 1)."""
+    """A planned, compiled call for one signature: append (optional), then the split attention (whose last split
+    per tile merges the splits)."""
 
     def __init__(self, q, k_cache, v_cache, k, v, problem: DecodeProblem, page: int, seqlen_new: int, causal,
                  window, softmax_scale, num_splits):
@@ -159,25 +160,24 @@ class DecodeCall:
             num_pages = int(k_cache.shape[0]) if problem.paged else 1
             self.num_pages = num_pages
             P = launch.Ptr  # 0 q, 1 k cache, 2 v cache, 3 o, 4 lse, 5 o_part, 6 lse_part, 7 cache_seqlens,
-            # 8 block table, 9 k new, 10 v new
+            # 8 block table, 9 k new, 10 v new, 11 split counters
             self.attend = launch.Launcher(
                 _compile.kernel(SOURCE, cfg.name_expression(dtype=dt, paged=problem.paged)),
                 (splits, KVH * problem.row_tiles, B), (cfg.threads,),
-                (P(0), P(1), P(2), P(3), P(4), P(5), P(6), P(7), P(8), *st["q"], *st["k"], *st["v"],
+                (P(0), P(1), P(2), P(3), P(4), P(5), P(6), P(11), P(7), P(8), *st["q"], *st["k"], *st["v"],
                  np.int32(Sq), np.int32(H), np.int32(KVH), np.int32(H // KVH), np.int32(max_pages),
                  np.int32(page), np.int32(num_pages), np.int32(problem.max_keys), np.int32(seqlen_new), np.int32(left), np.int32(right),
                  np.int32(split_keys), np.float32(scale * math.log2(math.e))),
                 smem=cfg.smem_bytes())
-            ws = launch.Workspace()
+            ws = launch.Workspace()  # with splits: their O and LSE, and one counter per (batch, kv head, row tile)
             self.ws_o = ws.add(4 * splits * B * Sq * H * D) if splits > 1 else None
             self.ws_lse = ws.add(4 * splits * B * Sq * H) if splits > 1 else None
+            self.counters_bytes = 4 * B * KVH * problem.row_tiles
+            self.ws_counters = ws.add(self.counters_bytes) if splits > 1 else None
             self.ws_bytes = ws.nbytes
-            self.combine = None
-            if splits > 1:
-                rows = B * Sq * H
-                self.combine = launch.Launcher(
-                    _compile.kernel(SOURCE, f"flash_decode_combine<{dtypes.ctype(dt)},{D}>"), (-(-rows // 4),),
-                    (128,), (P(5), P(6), P(3), P(4), np.int32(splits), np.int32(B), np.int32(Sq), np.int32(H)))
+            from cupy.cuda import runtime
+
+            self._memset = runtime.memsetAsync
             self.append = None
             if seqlen_new:
                 sn = {n: [np.int64(s) for s in api.element_strides(x)[:3]] for n, x in (("k", k), ("v", v))}
@@ -197,14 +197,13 @@ class DecodeCall:
         o, ptrs[3] = f.empty(self.o_shape, self.dtype)
         lse, ptrs[4] = f.empty(self.lse_shape, "fp32")
         ws = None
-        if self.combine is not None:
+        if self.splits > 1:
             ws, base = f.workspace(stream, self.ws_bytes)
-            ptrs[5], ptrs[6] = base + self.ws_o, base + self.ws_lse
+            ptrs[5], ptrs[6], ptrs[11] = base + self.ws_o, base + self.ws_lse, base + self.ws_counters
+            self._memset(ptrs[11], 0, self.counters_bytes, stream)
         if self.append is not None:
             self.append.launch(stream, ptrs)
         self.attend.launch(stream, ptrs)
-        if self.combine is not None:
-            self.combine.launch(stream, ptrs)
         return o, lse
 
 
@@ -235,7 +234,7 @@ def flash_attention_with_kvcache(q, k_cache, v_cache, *, cache_seqlens, block_ta
         views = [None if x is None else launch.view(x) for x in tensors]
     ptrs = [views[0][1], views[1][1], views[2][1], 0, 0, 0, 0, views[3][1],
             0 if views[4] is None else views[4][1], 0 if views[5] is None else views[5][1],
-            0 if views[6] is None else views[6][1]]
+            0 if views[6] is None else views[6][1], 0]
     if (ptrs[0] | ptrs[1] | ptrs[2] | ptrs[9] | ptrs[10]) & 15:
         launch.check_aligned(("q", "k_cache", "v_cache", "k", "v"), ptrs[:3] + ptrs[9:])
     o, lse = call(ptrs, check_values, cache_seqlens, block_table)

@@ -1,7 +1,10 @@
 """Named attention shapes, shared by tests and benches (one registry, no shape typed twice).
 
-Tags: ``seed004`` (the seed's timing table), ``grug`` (seed 000's model shapes), ``quick`` (a fast bench pass),
-``ci`` (small shapes for GPU tests), ``overhead`` (tiny problems, where the host's cost per call is all there is).
+Tags: ``seed004`` (the two shapes of seed 004's timing table, the expected-results brief that
+``expected_results/`` transcribes), ``grug`` (the model shapes of seed 000, the Grug attention perf report on a
+GB10), ``quick`` (a fast bench pass), ``ci`` (small shapes for GPU tests), ``overhead`` (tiny problems, where the
+host's cost per call is all there is). ``python -m attention.bench --list`` prints each suite, what it is, and its
+cases.
 """
 from __future__ import annotations
 

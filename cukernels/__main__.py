@@ -6,7 +6,7 @@ import sys
 
 from tabulate import tabulate
 
-from . import device
+from . import cli, device
 
 
 def _rows(spec: device.DeviceSpec) -> list[tuple[str, str, str]]:
@@ -27,7 +27,8 @@ def _rows(spec: device.DeviceSpec) -> list[tuple[str, str, str]]:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m cukernels", description=__doc__)
-    parser.add_argument("--profile", help=f"show a profile with no GPU; one of: {', '.join(device.profile_names())}")
+    parser.add_argument("--profile", help="show a profile with no GPU: any case or a unique prefix of "
+                                          f"{', '.join(device.profile_names())}")
     parser.add_argument("--list", action="store_true", help="list the known profiles")
     parser.add_argument("--copy", action="store_true",
                         help="also measure the device copy bandwidth (1 GiB, engine-built kernel, the one timer)")
@@ -36,19 +37,17 @@ def main(argv: list[str] | None = None) -> int:
     if args.list:
         print(tabulate([(s.key, s.name, s.arch, f"{s.smem_per_block_optin:,}") for s in device.all_profiles()],
                        headers=["profile", "name", "arch", "smem/block opt-in"], tablefmt="github"))
-        return 0
+        return cli.EXIT_OK
     if args.profile:
         try:
-            spec = device.profile(args.profile)
-        except device.UnknownProfileError as exc:
-            print(f"error: {exc}", file=sys.stderr)
-            return 2
+            spec = cli.profile_spec(args.profile)
+        except cli.UsageError as exc:
+            return cli.usage_error(parser.prog, exc)
         print(tabulate(_rows(spec), headers=["limit", "value", "source"], tablefmt="github"))
-        return 0
+        return cli.EXIT_OK
     if not device.gpu_available():
-        print("No CUDA GPU is visible to CuPy. Use `python -m cukernels --profile NAME` to see a profile's limits; "
-              f"known: {', '.join(device.profile_names())}", file=sys.stderr)
-        return 1
+        return cli.no_gpu(parser.prog, "`python -m cukernels --profile NAME` shows a profile's limits and their "
+                                       f"sources ({', '.join(device.profile_names())}).")
     spec = device.current()
     print(tabulate(_rows(spec), headers=["limit", "value", "source"], tablefmt="github"))
     info = device.nvml_info()
@@ -64,7 +63,9 @@ def main(argv: list[str] | None = None) -> int:
         status = "correct" if result.correct else "WRONG"
         print(f"\ncopy 1 GiB -> 1 GiB: {result.tb_per_s:.2f} TB/s (read + written), {result.timing}, "
               f"{status}, clocks {result.timing.clocks}")
-    return 0
+        if not result.correct:
+            return cli.EXIT_FAILED
+    return cli.EXIT_OK
 
 
 if __name__ == "__main__":

@@ -129,12 +129,29 @@ def _spec_from_doc(doc: dict, **live) -> DeviceSpec:
     )
 
 
+def _folded(name: str) -> str:
+    return re.sub(r"[\s_-]", "", name.lower())
+
+
+def profile_key(name: str) -> str:
+    """The profile key ``name`` stands for: a key in any case and spelling of its separators ("H200",
+    "h100-sxm"), a prefix of exactly one key ("h100" -> "h100_sxm"), or a GPU's NVML name ("NVIDIA H100 80GB
+    HBM3"). A clear error lists the known keys, or the candidates of an ambiguous prefix ("a100")."""
+    keys = profile_names()
+    wanted = _folded(name)
+    exact = [k for k in keys if _folded(k) == wanted]
+    prefixed = [k for k in keys if wanted and _folded(k).startswith(wanted)]
+    found = exact or prefixed or [k for k in (match_profile(name),) if k]
+    if len(found) == 1:
+        return found[0]
+    if found:
+        raise UnknownProfileError(f"profile {name!r} is ambiguous: it could be {', '.join(found)}")
+    raise UnknownProfileError(f"unknown profile {name!r}; known profiles: {', '.join(keys)}")
+
+
 def profile(name: str) -> DeviceSpec:
-    """The spec of a named profile (``h200``, ``gb10``, ...); a clear error lists the known names."""
-    docs = _profile_docs()
-    if name not in docs:
-        raise UnknownProfileError(f"unknown profile {name!r}; known profiles: {', '.join(sorted(docs))}")
-    return _spec_from_doc(docs[name])
+    """The spec of a named profile (``h200``, ``gb10``, ``H100``, ...: see ``profile_key``)."""
+    return _spec_from_doc(_profile_docs()[profile_key(name)])
 
 
 def all_profiles() -> list[DeviceSpec]:

@@ -93,8 +93,8 @@ def verdict(measured_ms: float, rel_noise: float, expected_ms: float) -> str:
 
 
 # Dense GEMMs through cuBLAS reach about 70-80 % of the datasheet tensor peak (H200 here: 680-750 of 989 TFLOP/s,
-# shared/anchors); an expected time that needs more than this share of the peak is doubtful, more than the peak
-# is impossible.
+# docs/results/h200/anchors-2026-11-21.json); an expected time that needs more than this share of the peak is
+# doubtful, more than the peak is impossible.
 ACHIEVABLE_FRACTION = 0.80
 
 

@@ -487,13 +487,24 @@ def kernel_plans(case: bench.Case, spec) -> list[tuple[str, object, object]]:
     return [(launch.DISPATCH_SOURCE, c.config.name_expression(dtype=dt), c)]
 
 
+def _tiles(config) -> str:
+    """A config without its class name, which the kernel column already says: "warps=8, tokens_per_warp=1"."""
+    text = str(config)
+    name = type(config).__name__
+    if text.startswith(name + "(") and text.endswith(")"):
+        text = text[len(name) + 1 : -1]
+    return text or "fixed"
+
+
 def plan_rows(cases: list[bench.Case], spec, with_compile: bool) -> list[dict]:
+    """One row per kernel a case launches: the kernel, its tiles, shared memory against the limit and with
+    ``with_compile`` registers and spills; the instance, threads and the planner's reason are --verbose columns."""
     entries, refused = [], []
     for case in cases:
         try:
             entries += [(case, *k) for k in kernel_plans(case, spec)]
         except tiling.PlanError as exc:  # e.g. the tensor-core GEMM on sm_75: said, not hidden
-            refused.append({"case": case.name, "kernel": "", "config": f"no plan: {exc}"})
+            refused.append({"case": case.name, "tiles": cli.NO_PLAN, "why": str(exc)})
     resources = {}
     if with_compile:
         by_source: dict = {}
@@ -503,13 +514,12 @@ def plan_rows(cases: list[bench.Case], spec, with_compile: bool) -> list[dict]:
             resources.update({(source, e): r for e, r in compile.compile_offline(source, list(exprs), spec.arch).items()})
     rows = []
     for case, source, expr, plan in entries:
-        row = {"case": case.name, "kernel": expr, "config": str(plan.config),
-               "smem / limit B": f"{plan.smem_bytes:,} / {plan.limit:,}", "threads": str(plan.config.threads)}
+        row = {"case": case.name, "kernel": expr.split("<")[0], "tiles": _tiles(plan.config),
+               "smem / limit B": cli.smem_cell(plan)}
         if with_compile:
-            r = resources[(source, expr)]
-            row.update({"regs": str(r.registers), "spill B": str(r.spills), "stack B": str(r.stack_bytes)})
-        row["why"] = f"{plan.source}: {plan.reason}"
-        rows.append(row)
+            row.update(cli.resource_cells(resources[(source, expr)]))
+        rows.append({**row, "instance": expr, "threads": str(plan.config.threads),
+                     "why": f"{plan.source}: {plan.reason}"})
     return rows + refused
 
 
@@ -540,6 +550,33 @@ def utilisation(results, args) -> str:
 
 def _cases(suite: str, args) -> list[bench.Case]:
     return cases_for(suites.suite(suite), args.dtype)
+
+
+# --suite NAME: what each holds and where its shapes come from (``moe/suites.py`` tags the shapes)
+SUITES = {
+    "primary": "routing + seed004 + gemm: what a run with no arguments measures",
+    "seed004": "the MoE layer of the project's expected-results brief (seed 004: hidden 4096, intermediate 11008, "
+               "32 experts, top-2) at its 3 batch x sequence sizes, every piece and the whole layer; the layer is "
+               "scored against expected_results/*.toml",
+    "routing": "routing + permutation alone at 32768 tokens: 32 experts top-2 and 256 experts top-8",
+    "gemm": "the grouped expert GEMM at seed 004's up-projection size (8192 x 11008 x 4096): one group, 32 equal "
+            "groups, 32 random groups; against cuBLAS",
+    "quick": "small shapes: a fast pass over every piece but the whole layer",
+    "ci": "small shapes with odd sizes (1000 tokens, 60 experts, top-4; 256 experts, top-8) that the GPU tests "
+          "check",
+    "overhead": "a tiny problem (16 tokens) where the host's cost per call is all there is; grades seed 004's "
+                "launch overhead < 50 us",
+    "all": "every suite above",
+}
+
+
+def _describe(case: bench.Case) -> str:
+    p = case.params
+    if p["kind"] == "gemm":
+        return f"{p['rows']}x{p['n']}x{p['k']}, {p['experts']} group{'s' if p['experts'] > 1 else ''} ({p['split']})"
+    dims = "".join(f" {letter}{p[key]}" for letter, key in (("H", "hidden"), ("I", "intermediate"))
+                   if p.get(key))
+    return f"T{p['tokens']} E{p['experts']} top{p['top_k']}{dims}"
 
 
 def _expected_key(case: bench.Case) -> tuple[str, str] | None:
@@ -578,12 +615,15 @@ OP_BENCH = cli.OpBench(
     prog="python -m moe.bench",
     description=__doc__,
     op=lambda args: bench.Op(name="moe", make_inputs=make_inputs, reference=make_reference, check=check),
-    suites=suites.suite_names(),
+    suites=SUITES,
     default_suite="primary",
     cases=_cases,
+    describe=_describe,
+    shape_legend="shape: T tokens, E experts, top-k, H hidden, I intermediate; a GEMM: rows x n x k, groups",
     impls=impls,
     default_impls=("ours", "torch", "cublas", "torch-loop", "torch-grouped"),
     plan_rows=plan_rows,
+    plan_details=("instance", "threads", "why"),
     expected_kind="moe",
     expected_fields={"ours": ("expected_ms", "target_ms"), "torch-loop": ("loop_cublas_ms",),
                      "torch-grouped": ("grouped_mm_ms",)},

@@ -172,12 +172,16 @@ def grouped_gemm(a, b, offsets, *, epilogue: str | None = None, row_scale=None, 
 
 def interleave_gate_up(w_gate, w_up):
     """``[experts, I, K]`` gate and up weights -> ``[experts, 2I, K]`` with row 2j = gate j, row 2j+1 = up j
-    (the layout ``epilogue="swiglu"`` reads). CuPy or NumPy, same library out."""
-    xp = dtypes._xp(w_gate)
-    if w_gate.shape != w_up.shape or w_gate.ndim != 3:
-        raise ValueError(f"w_gate and w_up must both be [experts, I, K], got {w_gate.shape} and {w_up.shape}")
+    (the layout ``epilogue="swiglu"`` reads). CuPy, NumPy or torch, same library out."""
+    if tuple(w_gate.shape) != tuple(w_up.shape) or len(w_gate.shape) != 3:
+        raise ValueError(f"w_gate and w_up must both be [experts, I, K], got {tuple(w_gate.shape)} and "
+                         f"{tuple(w_up.shape)}")
     e, i, k = w_gate.shape
-    return xp.stack([w_gate, w_up], axis=2).reshape(e, 2 * i, k)
+    if _launch.is_torch(w_gate):
+        import torch
+
+        return torch.stack([w_gate, w_up], dim=2).reshape(e, 2 * i, k)
+    return dtypes._xp(w_gate).stack([w_gate, w_up], axis=2).reshape(e, 2 * i, k)
 
 
 def reference(a, b, offsets, *, epilogue=None, row_scale=None) -> np.ndarray:

@@ -3,6 +3,7 @@
 A shape with ``hidden`` also exercises gather and combine (expert rows of ``hidden`` elements), one with
 ``intermediate`` the whole layer. Seed 004's MoE configuration is hidden 4096, intermediate 11008, 32 experts,
 top-2, at batch x sequence 4x512, 16x2048, 32x2048. The ``overhead`` shape is tiny: a call of it costs its host time.
+``python -m moe.bench --list`` prints each suite, what it is, and its cases.
 """
 from __future__ import annotations
 

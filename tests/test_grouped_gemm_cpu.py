@@ -52,6 +52,7 @@ def _variants_by_arch():
     return by_arch
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("arch", sorted(_variants_by_arch()))
 def test_every_planned_variant_compiles_without_spills(arch):
     configs = sorted(_variants_by_arch()[arch], key=str)

@@ -35,13 +35,14 @@ def _archs():
     return sorted({s.arch for s in PROFILES if s.compute_capability >= (8, 0)})
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("arch", _archs())
 def test_planned_kernels_compile_without_spills(arch):
     specs = [s for s in PROFILES if s.arch == arch]
-    configs = {plan_decode(_problem(head_dim=d), s).config for s in specs for d in HEAD_DIMS}
+    configs = {plan_decode(_problem(head_dim=d, paged=p), s).config for s in specs for d in HEAD_DIMS
+               for p in (False, True)}
     exprs = [c.name_expression(dtype=np.uint16, paged=p) for c in configs for p in (False, True)]
     exprs += [c.name_expression(dtype=np.float16, paged=False) for c in configs]
-    exprs += [f"flash_decode_combine<__nv_bfloat16,{d}>" for d in HEAD_DIMS]
     exprs += ["kv_append<__nv_bfloat16,true>", "kv_append<__half,false>"]
     for expr, res in compile.compile_offline(SOURCE, exprs, arch).items():
         assert res.spills == 0 and res.stack_bytes == 0, f"{expr} on {arch}: {res}"
@@ -50,7 +51,7 @@ def test_planned_kernels_compile_without_spills(arch):
 def test_search_space_is_valid_and_ordered():
     for d in HEAD_DIMS:
         space = search_space(d)
-        assert space[0] == DecodeConfig(head_dim=d, warps=8 if d == 64 else 4, stages=3)
+        assert space[0] == DecodeConfig(head_dim=d, warps=8 if d == 64 else 4, stages=4 if d == 64 else 3)
         assert all(c.smem_bytes() == 2 * d * (16 + 2 * c.stages * 16 * c.warps) for c in space)
     with pytest.raises(ValueError, match="head_dim"):
         DecodeConfig(head_dim=96)
@@ -59,10 +60,9 @@ def test_search_space_is_valid_and_ordered():
 def test_splits_fill_the_gpu_and_keep_whole_stages():
     spec = device.profile("h100_sxm")
     cfg = plan_decode(_problem(), spec).config
-    per_sm = min(spec.smem_per_sm // cfg.smem_bytes(), spec.max_threads_per_sm // cfg.threads)
-    # one sequence, 8 KV heads: the splits make about one full wave
+    # one sequence, 8 KV heads: the splits make about one CTA per SM
     s = plan_splits(_problem(batch=1, max_keys=131072), cfg, spec)
-    assert 0.95 <= 8 * s / (spec.sm_count * per_sm) <= 1.0
+    assert 0.9 <= 8 * s / spec.sm_count <= 1.0
     # a grid that already fills the GPU is not split
     assert plan_splits(_problem(batch=64, max_keys=8192), cfg, spec) == 1
     # short caches keep at least MIN_STAGES_PER_SPLIT stages per split

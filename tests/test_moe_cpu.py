@@ -161,7 +161,7 @@ def test_suites_name_seed004_shapes():
 def test_bench_plan_for_every_profile(name):
     buf = io.StringIO()
     with contextlib.redirect_stdout(buf):
-        rc = bench.main(["--plan", "--profile", name, "--suite", "all"])
+        rc = bench.main(["--plan", "--profile", name, "--suite", "all", "--verbose"])  # --verbose: the instances
     out = buf.getvalue()
     assert rc == 0, out
     for kernel in ("moe_route<", "moe_route_finish", "moe_permute_scatter<", "moe_gather<", "moe_combine<"):
@@ -207,6 +207,7 @@ def _archs():
     return by_arch
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("arch", sorted(_archs()))
 def test_every_variant_compiles_offline_without_spills(arch):
     specs = _archs()[arch]

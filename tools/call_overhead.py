@@ -137,11 +137,10 @@ def main(argv=None) -> int:
     p.add_argument("--json", metavar="PATH")
     p.add_argument("--rounds", type=int, default=15, help="rounds over all calls (default %(default)s)")
     args = p.parse_args(argv)
-    from cukernels import device
+    from cukernels import cli, device
 
     if not device.gpu_available():
-        print("error: needs a CUDA GPU (and torch)", file=sys.stderr)
-        return 2
+        return cli.no_gpu("python tools/call_overhead.py", "It times calls on a GPU (with torch installed); there is nothing to do here.")
     from tabulate import tabulate
 
     rows = _rows(args.rounds)

@@ -8,8 +8,9 @@ import sys
 import cupy
 import numpy as np
 
-from cukernels import bandwidth, dtypes
+from cukernels import bandwidth, cli, device, dtypes
 
+PROG = "python tools/sanitize.py"
 
 # head dim, dtype, masks: one small problem per head dim, each with a mask kind (causal, window, both)
 _ATTENTION_SHAPES = ((64, "fp16", dict(causal=True)), (128, "bf16", dict(window=(40, 7))),
@@ -79,14 +80,42 @@ def moe_cases():
     moe.combine(moe.gather(x, d), d, r)
 
 
+def decode_cases():
+    """Attention over a KV cache: contiguous and paged (shuffled pages), ragged lengths with 0 and a page boundary,
+    appended tokens, GQA rows over two row tiles, several splits (the last split's merge) and one, every head dim."""
+    import numpy as np
+
+    from attention import flash_attention_with_kvcache
+
+    lens = cupy.asarray(np.array([0, 16, 37], dtype=np.int32))
+    for d, dt in ((64, "fp16"), (128, "bf16"), (256, "bf16")):
+        t = dtypes.from_name(dt)
+        q = dtypes.random((3, 5, 8, d), t, seed=d)
+        kn, vn = (dtypes.random((3, 5, 2, d), t, seed=d + i) for i in (1, 2))
+        k, v = (dtypes.random((3, 64, 2, d), t, seed=d + i) for i in (3, 4))
+        pk, pv = (dtypes.random((13, 16, 2, d), t, seed=d + i) for i in (5, 6))
+        table = cupy.asarray(np.random.default_rng(d).permutation(13)[:12].reshape(3, 4).astype(np.int32))
+        for splits in (1, 3):
+            flash_attention_with_kvcache(q, k, v, cache_seqlens=lens, k=kn, v=vn, causal=True, num_splits=splits)
+            flash_attention_with_kvcache(q, pk, pv, cache_seqlens=lens, block_table=table, k=kn, v=vn,
+                                         num_splits=splits)
+
+
 def main(names) -> int:
-    cases = {"attention": attention_cases, "backward": backward_cases, "gemm": gemm_cases, "moe": moe_cases,
+    cases = {"attention": attention_cases, "backward": backward_cases, "decode": decode_cases, "gemm": gemm_cases,
+             "moe": moe_cases,
              "copy": lambda: bandwidth.measure_copy(1 << 20, budget_ms=1)}
+    unknown = [n for n in names if n not in cases]
+    if unknown:
+        return cli.usage_error(PROG, f"{', '.join(unknown)}: unknown; known: {', '.join(cases)} (none: all of them)")
+    if not device.gpu_available():
+        return cli.no_gpu(PROG, "On a GPU: `compute-sanitizer --tool memcheck python tools/sanitize.py`. Without one, "
+                                "`python -m pytest` compiles every kernel variant offline for every profile.")
     for name in names or list(cases):
         cases[name]()
         cupy.cuda.runtime.deviceSynchronize()
         print(f"sanitize: {name} ran", flush=True)
-    return 0
+    return cli.EXIT_OK
 
 
 if __name__ == "__main__":
