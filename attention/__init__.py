@@ -1,7 +1,13 @@
-"""Flash attention forward on tensor cores (CUDA C++ via NVRTC): ``flash_attention(q, k, v, ...)``.
+"""Flash attention on tensor cores (CUDA C++ via NVRTC): training forward and backward, and inference over a KV
+cache.
 
-See api.py for the accepted inputs, configs.py for tiles and the planner, reference.py for the naive formula,
-suites.py for the named shapes, kernels/flash_fwd.cu for the kernel.
+- ``flash_attention`` (api.py; tiles and planner in configs.py; kernels/flash_fwd.cu, and flash_fwd_sm90.cu on
+  Hopper), ``flash_attention_backward`` (backward.py, bwd_configs.py; kernels/flash_bwd.cu, flash_bwd_sm90.cu);
+- ``flash_attention_with_kvcache`` (kvcache.py, decode_configs.py; kernels/flash_decode.cu);
+- the naive formulas in reference.py and backward_reference.py, the named shapes in suites.py.
+
+``attention.torch`` (the differentiable torch op and the ``torch.ops.cukernels`` custom ops) is not imported here:
+``import attention`` must not import torch.
 """
 from .api import flash_attention, validate
 from .configs import FwdConfig, FwdProblem, plan_forward
@@ -9,15 +15,12 @@ from .reference import attention_reference
 
 __all__ = ["flash_attention", "validate", "FwdConfig", "FwdProblem", "plan_forward", "attention_reference"]
 
-# Backward (issue 4): backward.py, bwd_configs.py, backward_reference.py, kernels/flash_bwd.cu. attention.torch
-# (the autograd op) is not imported here: ``import attention`` must not import torch.
 from .backward import flash_attention_backward
 from .backward_reference import attention_backward_reference
 from .bwd_configs import BwdConfig, plan_backward
 
 __all__ += ["flash_attention_backward", "attention_backward_reference", "BwdConfig", "plan_backward"]
 
-# Inference: attention over a KV cache (kvcache.py, decode_configs.py, kernels/flash_decode.cu)
 from .decode_configs import DecodeConfig, plan_decode
 from .kvcache import flash_attention_with_kvcache
 
