@@ -1,8 +1,9 @@
-"""The package's compiled kernels and plans, looked up once per device.
+"""The package's compiled kernels and plans, looked up once per device (the MoE ops' launches themselves go through
+``cukernels.launch``).
 
-``cukernels.compile.kernel`` re-reads and hashes the source tree on every call and the planners walk their
-candidates; both are pure functions of (device, arguments), so the hot path (``route``, ``permute``, ...) keeps
-what they return here, keyed by the device id.
+``cukernels.compile.kernel`` caches by (device, source, options, name expression) but builds its key from the
+current device on every call, and the planners walk their candidates: the ops' cache misses ask here instead, keyed
+by the device id, so building a call's launchers stays a few dictionary lookups.
 """
 from __future__ import annotations
 
