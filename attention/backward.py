@@ -170,6 +170,13 @@ def _contiguous(x) -> bool:
 _BACKWARD = launch.Cache("attention.backward")
 
 
+def _new_call(do, q, k, v, o, lse, causal, window, segment_ids, softmax_scale, deterministic) -> BackwardCall:
+    """A cache miss: every check, then the planned call."""
+    problem = validate_backward(do, q, k, v, o, lse, causal=causal, window=window, segment_ids=segment_ids,
+                                softmax_scale=softmax_scale, deterministic=deterministic)
+    return BackwardCall(do, q, k, v, o, lse, problem, None, softmax_scale, segment_ids, deterministic)
+
+
 def flash_attention_backward(do, q, k, v, o, lse, *, causal=False, window=None, segment_ids=None,
                              softmax_scale=None, deterministic=False, plan=None):
     """Gradients (dq, dk, dv) of ``o = flash_attention(q, k, v, ...)`` given dO; masks and scale as in the
@@ -179,12 +186,8 @@ def flash_attention_backward(do, q, k, v, o, lse, *, causal=False, window=None, 
     opts = api.options_key(causal, window, segment_ids, softmax_scale)
     if plan is None and opts is not None and None not in views and (deterministic is True or deterministic is False):
         key = (*(x[0] for x in views), opts, deterministic)
-        call = _BACKWARD.get(key)
-        if call is None:
-            problem = validate_backward(do, q, k, v, o, lse, causal=causal, window=window, segment_ids=segment_ids,
-                                        softmax_scale=softmax_scale, deterministic=deterministic)
-            call = _BACKWARD.put(key, BackwardCall(do, q, k, v, o, lse, problem, None, softmax_scale, segment_ids,
-                                                   deterministic))
+        call = _BACKWARD.get(key) or _BACKWARD.put(key, _new_call(do, q, k, v, o, lse, causal, window, segment_ids,
+                                                                  softmax_scale, deterministic))
     else:
         problem = validate_backward(do, q, k, v, o, lse, causal=causal, window=window, segment_ids=segment_ids,
                                     softmax_scale=softmax_scale, deterministic=deterministic)
@@ -205,11 +208,7 @@ def backward_keyed(forward_key, do, q, k, v, o, lse, *, causal, window, segment_
         return flash_attention_backward(do, q, k, v, o, lse, causal=causal, window=window, segment_ids=segment_ids,
                                         softmax_scale=softmax_scale, deterministic=deterministic)
     key = (forward_key, vdo[0], deterministic)
-    call = _BACKWARD_AFTER.get(key)
-    if call is None:
-        problem = validate_backward(do, q, k, v, o, lse, causal=causal, window=window, segment_ids=segment_ids,
-                                    softmax_scale=softmax_scale, deterministic=deterministic)
-        call = _BACKWARD_AFTER.put(key, BackwardCall(do, q, k, v, o, lse, problem, None, softmax_scale, segment_ids,
-                                                     deterministic))
+    call = _BACKWARD_AFTER.get(key) or _BACKWARD_AFTER.put(key, _new_call(do, q, k, v, o, lse, causal, window,
+                                                                          segment_ids, softmax_scale, deterministic))
     ptr = launch.pointer
     return call((vdo[1], ptr(q), ptr(k), ptr(v), ptr(o)), lse, segment_ids)

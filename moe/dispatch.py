@@ -171,7 +171,7 @@ class RowsCall:
         return out
 
 
-def _rows_call(cache, kind: str, x, name: str, dispatch: Dispatch, rows: int, rows_what: str, extra=()):
+def _rows_call(cache, kind: str, x, name: str, dispatch: Dispatch, rows: int, rows_what: str):
     """The cached gather/combine call for ``x`` (validated on a miss) and x's data pointer."""
     vx = _launch.view(x)
     if vx is None:
@@ -179,42 +179,47 @@ def _rows_call(cache, kind: str, x, name: str, dispatch: Dispatch, rows: int, ro
     (_, shape, _, _, dev), ptr = vx
     align = _alignment(ptr, int(shape[1]) * int(x.element_size() if _launch.is_torch(x) else x.itemsize)) \
         if len(shape) == 2 else 0
-    key = (vx[0], align, dispatch.rows, dispatch.tokens, dispatch.top_k, dispatch.num_experts, *extra)
+    key = (vx[0], align, dispatch.rows, dispatch.tokens, dispatch.top_k, dispatch.num_experts)
     call = cache.get(key)
     if call is None:
+        import cupy
+
         _check_dispatch(dispatch)
         _rows_operand(x, name=name, rows=rows, rows_what=rows_what)
         _same_device(name, dev, dispatch)
         hidden, dt = int(shape[1]), dtypes.storage(x)
         frame = _launch.frame(_launch.is_torch(x), dev)
         out_rows = dispatch.rows if kind == "gather" else dispatch.tokens
-        problem = configs.RowsProblem(rows=out_rows, hidden=hidden, top_k=dispatch.top_k,
-                                      dtype=dtypes.dtype_name(dt), align=align)
-        P = _launch.Ptr
-        with _device_of(dev):
-            if kind == "gather":
-                cfg = launch.plan(configs.plan_gather, problem).config
-                launcher = _launch.Launcher(
-                    launch.kernel(launch.DISPATCH_SOURCE, cfg.name_expression()),
-                    (-(-out_rows // cfg.rows_per_block),), (cfg.threads_x, cfg.rows_per_block),
-                    (P(0), P(1), np.int32(out_rows), np.int32(dispatch.top_k),
-                     np.int32(hidden * dt.itemsize // cfg.vec_bytes), P(2)))
-            else:
-                cfg = launch.plan(configs.plan_combine, problem).config
-                launcher = _launch.Launcher(
-                    launch.kernel(launch.DISPATCH_SOURCE, cfg.name_expression(dtype=dt)),
-                    (-(-out_rows // cfg.rows_per_block),), (cfg.threads_x, cfg.rows_per_block),
-                    (P(0), P(1), P(2), np.int32(out_rows), np.int32(dispatch.top_k), np.int32(hidden), P(3)))
+        with cupy.cuda.Device(dev):
+            launcher = (gather_launcher if kind == "gather" else combine_launcher)(out_rows, hidden, dispatch.top_k,
+                                                                                   dt, align)
         call = cache.put(key, RowsCall(launcher, (out_rows, hidden), dtypes.dtype_name(dt), frame))
     elif dev != dispatch.device:
         _same_device(name, dev, dispatch)
     return call, ptr
 
 
-def _device_of(dev: int):
-    import cupy
+def gather_launcher(rows: int, hidden: int, top_k: int, dt, align: int) -> _launch.Launcher:
+    """moe_gather for ``rows`` expert-ordered rows of ``hidden`` elements of ``dt`` whose addresses are ``align``-byte
+    aligned (current device). Pointers: 0 x, 1 sorted_slots, 2 out."""
+    problem = configs.RowsProblem(rows=rows, hidden=hidden, top_k=top_k, dtype=dtypes.dtype_name(dt), align=align)
+    cfg = launch.plan(configs.plan_gather, problem).config
+    P = _launch.Ptr
+    return _launch.Launcher(launch.kernel(launch.DISPATCH_SOURCE, cfg.name_expression()),
+                            (-(-rows // cfg.rows_per_block),), (cfg.threads_x, cfg.rows_per_block),
+                            (P(0), P(1), np.int32(rows), np.int32(top_k),
+                             np.int32(hidden * np.dtype(dt).itemsize // cfg.vec_bytes), P(2)))
 
-    return cupy.cuda.Device(dev)
+
+def combine_launcher(tokens: int, hidden: int, top_k: int, dt, align: int) -> _launch.Launcher:
+    """moe_combine for ``tokens`` rows (current device). Pointers: 0 expert_out, 1 inverse, 2 weights (0: unit
+    weights), 3 out."""
+    problem = configs.RowsProblem(rows=tokens, hidden=hidden, top_k=top_k, dtype=dtypes.dtype_name(dt), align=align)
+    cfg = launch.plan(configs.plan_combine, problem).config
+    P = _launch.Ptr
+    return _launch.Launcher(launch.kernel(launch.DISPATCH_SOURCE, cfg.name_expression(dtype=dt)),
+                            (-(-tokens // cfg.rows_per_block),), (cfg.threads_x, cfg.rows_per_block),
+                            (P(0), P(1), P(2), np.int32(tokens), np.int32(top_k), np.int32(hidden), P(3)))
 
 
 _GATHER = _launch.Cache("moe.gather")

@@ -95,8 +95,7 @@ def validate(a, b, offsets, *, epilogue=None, row_scale=None, out_dtype=None) ->
 class GemmCall:
     """A validated, planned, compiled grouped GEMM for one signature: pointers in, output allocated and written."""
 
-    def __init__(self, problem: gemm_configs.GemmProblem, config, out_dtype: np.dtype, dtype: np.dtype, frame,
-                 has_scale: bool):
+    def __init__(self, problem: gemm_configs.GemmProblem, config, out_dtype: np.dtype, dtype: np.dtype, frame):
         import cupy
 
         self.frame = frame
@@ -146,7 +145,7 @@ def _validated(a, b, offsets, epilogue, row_scale, out_dtype, config) -> GemmCal
     dt = dtypes.storage(a)
     out = dt if out_dtype is None else np.dtype(out_dtype)
     frame = _launch.frame(_launch.is_torch(a), devs.pop())
-    return GemmCall(problem, config, out, dt, frame, row_scale is not None)
+    return GemmCall(problem, config, out, dt, frame)
 
 
 def grouped_gemm(a, b, offsets, *, epilogue: str | None = None, row_scale=None, out_dtype=None, config=None):

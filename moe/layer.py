@@ -27,7 +27,7 @@ from cukernels import dtypes
 from cukernels import launch as _launch
 
 from . import configs
-from .dispatch import PermuteCall
+from .dispatch import PermuteCall, combine_launcher, gather_launcher
 from .grouped_gemm import GemmCall, validate as validate_gemm
 from .gemm_configs import GemmProblem
 from .routing import RouteCall
@@ -49,8 +49,7 @@ class LayerCall:
         name = self.dtype
         with cupy.cuda.Device(frame.device_id):
             gemm = lambda rows_, n, k, e, epi, out: GemmCall(  # noqa: E731
-                GemmProblem(rows=rows_, n=n, k=k, experts=e, dtype=name, epilogue=epi), None, out, dtype, frame,
-                False)
+                GemmProblem(rows=rows_, n=n, k=k, experts=e, dtype=name, epilogue=epi), None, out, dtype, frame)
             self.router = gemm(tokens, experts, hidden, 1, None, np.dtype(np.float32))
             self.route = RouteCall(configs.RouteProblem(tokens=tokens, experts=experts, top_k=top_k, dtype="fp32"),
                                    "softmax", True, frame)
@@ -58,7 +57,9 @@ class LayerCall:
             n_up = 2 * inter if activation == "swiglu" else inter
             self.up = gemm(rows, n_up, hidden, experts, activation, dtype)
             self.down = gemm(rows, hidden, inter, experts, None, dtype)
-            self.combine = _combine_call(tokens, rows, hidden, top_k, dtype, frame)
+            # x and the workspace's rows are 16-byte aligned (x is checked per call; K % 8 == 0 makes rows so)
+            self.combine = combine_launcher(tokens, hidden, top_k, dtype, 16)
+            self.gather_launcher = gather_launcher(rows, hidden, top_k, dtype, 16)
             # the router GEMM's one group: rows [0, tokens) (a constant, made before any capture)
             self.one_group = cupy.asarray([0, tokens], dtype=cupy.int32)
         self._one_group_ptr = self.one_group.data.ptr
@@ -68,7 +69,6 @@ class LayerCall:
                    "dispatch": ws.add(self.permute.nbytes), "row_weight": ws.add(4 * rows),
                    "xs": ws.add(es * rows * hidden), "h": ws.add(es * rows * inter), "y": ws.add(es * rows * hidden)}
         self.nbytes = ws.nbytes
-        self.gather_launcher = _gather_launcher(rows, hidden, top_k, dtype, frame)
 
     def __call__(self, px: int, router_b: int, w_gate_up: int, w_down: int):
         f = self.frame
@@ -85,40 +85,6 @@ class LayerCall:
         self.down.enqueue(stream, at["h"], w_down, at["y"], offsets, at["row_weight"])
         self.combine.launch(stream, (at["y"], inverse, 0, pout))  # weights already applied: unit weights
         return out
-
-
-def _combine_call(tokens, rows, hidden, top_k, dtype, frame):
-    from . import launch as kernels
-
-    problem = configs.RowsProblem(rows=tokens, hidden=hidden, top_k=top_k, dtype=dtypes.dtype_name(dtype), align=16
-                                  if (hidden * dtype.itemsize) % 16 == 0 else dtype.itemsize)
-    cfg = kernels.plan(configs.plan_combine, problem).config
-    P = _launch.Ptr
-    return _launch.Launcher(kernels.kernel(kernels.DISPATCH_SOURCE, cfg.name_expression(dtype=dtype)),
-                            (-(-tokens // cfg.rows_per_block),), (cfg.threads_x, cfg.rows_per_block),
-                            (P(0), P(1), P(2), np.int32(tokens), np.int32(top_k), np.int32(hidden), P(3)))
-
-
-def _gather_launcher(rows, hidden, top_k, dtype, frame):
-    """x's rows in expert order; x's address must then be as aligned as its rows (checked per call)."""
-    from . import launch as kernels
-
-    row_bytes = hidden * dtype.itemsize
-    problem = configs.RowsProblem(rows=rows, hidden=hidden, top_k=top_k, dtype=dtypes.dtype_name(dtype),
-                                  align=16 if row_bytes % 16 == 0 else row_bytes & -row_bytes)
-    cfg = kernels.plan(configs.plan_gather, problem).config
-    P = _launch.Ptr
-    with _device(frame.device_id):
-        return _launch.Launcher(kernels.kernel(kernels.DISPATCH_SOURCE, cfg.name_expression()),
-                                (-(-rows // cfg.rows_per_block),), (cfg.threads_x, cfg.rows_per_block),
-                                (P(0), P(1), np.int32(rows), np.int32(top_k),
-                                 np.int32(row_bytes // cfg.vec_bytes), P(2)))
-
-
-def _device(dev):
-    import cupy
-
-    return cupy.cuda.Device(dev)
 
 
 _LAYER = _launch.Cache("moe.layer")

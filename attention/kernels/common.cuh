@@ -117,6 +117,39 @@ __device__ __forceinline__ void mma16816(float (&d)[4], const unsigned (&a)[4], 
     }
 }
 
+// ---------------------------------------------------------------- mma.sync operands from swizzled tiles
+
+// Per-lane ldmatrix addresses (shared-space bytes) for one m16n8k16 step over swizzled HEAD_DIM-wide tiles:
+// Q as A (x4: rows 0-7 / 8-15 x k lo / hi) from row q_row0, K as B (x4: n 0-7 / 8-15 x k lo / hi) and V as
+// transposed B (x4: kv 0-7 / 8-15 x d lo / hi) from row kv_row0. Chunk c of a row sits at c ^ (row & 7); the
+// rows a lane addresses differ by multiples of 8 and logical chunk 2kk + h = 8(kk / 4) + (2(kk % 4) + h), so only
+// kk % 4 changes the XOR: four base offsets per lane and operand, the rest is an immediate offset
+// ((kk / 4) * 128 bytes, plus whole rows).
+template <int HEAD_DIM, typename T>
+__device__ __forceinline__ void ldmatrix_lane_offsets(const T* sQ, int q_row0, const T* sK, const T* sV, int kv_row0,
+                                                      int lane, unsigned (&q_off)[4], unsigned (&k_off)[4],
+                                                      unsigned (&v_off)[4]) {
+    const int qa_row = q_row0 + (lane & 7) + ((lane >> 3) & 1) * 8, qa_ch = lane >> 4;
+    const int kb_row = kv_row0 + (lane & 7) + (lane >> 4) * 8, kb_ch = (lane >> 3) & 1;
+    const int vb_row = kv_row0 + (lane & 7) + ((lane >> 3) & 1) * 8, vb_ch = lane >> 4;
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+        q_off[i] = smem_addr(sQ) + 2 * swizzled<HEAD_DIM>(qa_row, 2 * i + qa_ch);
+        k_off[i] = smem_addr(sK) + 2 * swizzled<HEAD_DIM>(kb_row, 2 * i + kb_ch);
+        v_off[i] = smem_addr(sV) + 2 * swizzled<HEAD_DIM>(vb_row, 2 * i + vb_ch);
+    }
+}
+
+// The accumulators of S column tiles 2j and 2j + 1 (m16n8 C layout) are exactly the A fragment of k-step j:
+// P (or dS) rounded to T and fed straight back into the next mma.
+template <typename T>
+__device__ __forceinline__ void pack_a_fragment(const float (&lo)[4], const float (&hi)[4], unsigned (&a)[4]) {
+    a[0] = pack2<T>(lo[0], lo[1]);
+    a[1] = pack2<T>(lo[2], lo[3]);
+    a[2] = pack2<T>(hi[0], hi[1]);
+    a[3] = pack2<T>(hi[2], hi[3]);
+}
+
 // ---------------------------------------------------------------- one S tile: masks and online softmax
 
 // S accumulators of one warp's 16-row slice in the m16n8 C layout: acc[nt][e] is row g + 8 (e / 2), column

@@ -119,17 +119,9 @@ flash_decode(const T* __restrict__ q, const T* __restrict__ k, const T* __restri
         load_ring = load_ring + 1 == STAGES ? 0 : load_ring + 1;
     }
 
-    // ldmatrix addresses as in flash_fwd.cu; warp w's keys start 16 w rows into each stage
-    const int qa_row = (lane & 7) + ((lane >> 3) & 1) * 8, qa_ch = lane >> 4;
-    const int kb_row = (lane & 7) + (lane >> 4) * 8, kb_ch = (lane >> 3) & 1;
-    const int vb_row = (lane & 7) + ((lane >> 3) & 1) * 8, vb_ch = lane >> 4;
+    // ldmatrix addresses (common.cuh); warp w's keys start 16 w rows into each stage
     unsigned q_off[4], k_off[4], v_off[4];
-#pragma unroll
-    for (int i = 0; i < 4; ++i) {
-        q_off[i] = smem_addr(sQ) + 2 * swizzled<HEAD_DIM>(qa_row, 2 * i + qa_ch);
-        k_off[i] = smem_addr(sK) + 2 * swizzled<HEAD_DIM>(warp * 16 + kb_row, 2 * i + kb_ch);
-        v_off[i] = smem_addr(sV) + 2 * swizzled<HEAD_DIM>(warp * 16 + vb_row, 2 * i + vb_ch);
-    }
+    ldmatrix_lane_offsets<HEAD_DIM>(sQ, 0, sK, sV, warp * 16, lane, q_off, k_off, v_off);
     auto q_addr = [&](int kk) { return q_off[kk & 3] + (kk >> 2) * 128; };
     unsigned qf[Q_IN_REGS ? KSTEPS : 1][4];
     if constexpr (Q_IN_REGS) {
@@ -189,10 +181,7 @@ flash_decode(const T* __restrict__ q, const T* __restrict__ k, const T* __restri
             }
         online_softmax<2, DT, true>(s, o_acc, row_max, row_sum, scale_log2);
         unsigned a[4];
-        a[0] = pack2<T>(s[0][0], s[0][1]);
-        a[1] = pack2<T>(s[0][2], s[0][3]);
-        a[2] = pack2<T>(s[1][0], s[1][1]);
-        a[3] = pack2<T>(s[1][2], s[1][3]);
+        pack_a_fragment<T>(s[0], s[1], a);
 #pragma unroll
         for (int dp = 0; dp < DT / 2; ++dp) {
             unsigned b0, b1, b2, b3;

@@ -125,25 +125,11 @@ flash_fwd(const T* __restrict__ q, const T* __restrict__ k, const T* __restrict_
         load_stage = load_stage + 1 == STAGES ? 0 : load_stage + 1;
     }
 
-    // ---- per-lane ldmatrix addresses (shared-space bytes)
-    // Chunk c of a row is stored at c ^ (row & 7). Rows a lane addresses differ by multiples of 8, and logical
-    // chunk 2*kk + h = 8*(kk / 4) + (2*(kk % 4) + h), so only kk % 4 changes the XOR: four base offsets per lane
-    // and operand, everything else is an immediate offset (few registers, no per-iteration address math).
+    // ---- per-lane ldmatrix addresses (shared-space bytes): common.cuh's ldmatrix_lane_offsets
     constexpr int ROW_BYTES = HEAD_DIM * 2;
     const int warp_row = warp * 16 * MW;
-    // A (Q) x4: matrices (rows 0-7, k lo), (rows 8-15, k lo), (rows 0-7, k hi), (rows 8-15, k hi)
-    const int qa_row = warp_row + (lane & 7) + ((lane >> 3) & 1) * 8, qa_ch = lane >> 4;
-    // B (K rows as columns of K^T) x4: (n 0-7, k lo), (n 0-7, k hi), (n 8-15, k lo), (n 8-15, k hi)
-    const int kb_row = (lane & 7) + (lane >> 4) * 8, kb_ch = (lane >> 3) & 1;
-    // B (V, transposed) x4: (kv 0-7, d lo), (kv 8-15, d lo), (kv 0-7, d hi), (kv 8-15, d hi)
-    const int vb_row = (lane & 7) + ((lane >> 3) & 1) * 8, vb_ch = lane >> 4;
     unsigned q_off[4], k_off[4], v_off[4];
-#pragma unroll
-    for (int i = 0; i < 4; ++i) {
-        q_off[i] = smem_addr(sQ) + 2 * swizzled<HEAD_DIM>(qa_row, 2 * i + qa_ch);
-        k_off[i] = smem_addr(sK) + 2 * swizzled<HEAD_DIM>(kb_row, 2 * i + kb_ch);
-        v_off[i] = smem_addr(sV) + 2 * swizzled<HEAD_DIM>(vb_row, 2 * i + vb_ch);
-    }
+    ldmatrix_lane_offsets<HEAD_DIM>(sQ, warp_row, sK, sV, 0, lane, q_off, k_off, v_off);
     auto q_addr = [&](int mi, int kk) { return q_off[kk & 3] + mi * 16 * ROW_BYTES + (kk >> 2) * 128; };
 
     unsigned qf[Q_IN_REGS ? MW : 1][Q_IN_REGS ? KSTEPS : 1][4];
@@ -224,12 +210,7 @@ flash_fwd(const T* __restrict__ q, const T* __restrict__ k, const T* __restrict_
         for (int kj = 0; kj < BLOCK_N / 16; ++kj) {
             unsigned a[MW][4];
 #pragma unroll
-            for (int mi = 0; mi < MW; ++mi) {
-                a[mi][0] = pack2<T>(s[mi][2 * kj][0], s[mi][2 * kj][1]);
-                a[mi][1] = pack2<T>(s[mi][2 * kj][2], s[mi][2 * kj][3]);
-                a[mi][2] = pack2<T>(s[mi][2 * kj + 1][0], s[mi][2 * kj + 1][1]);
-                a[mi][3] = pack2<T>(s[mi][2 * kj + 1][2], s[mi][2 * kj + 1][3]);
-            }
+            for (int mi = 0; mi < MW; ++mi) pack_a_fragment<T>(s[mi][2 * kj], s[mi][2 * kj + 1], a[mi]);
 #pragma unroll
             for (int dp = 0; dp < DT / 2; ++dp) {
                 unsigned b0, b1, b2, b3;
