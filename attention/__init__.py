@@ -3,6 +3,8 @@ cache.
 
 - ``flash_attention`` (api.py; tiles and planner in configs.py; kernels/flash_fwd.cu, and flash_fwd_sm90.cu on
   Hopper), ``flash_attention_backward`` (backward.py, bwd_configs.py; kernels/flash_bwd.cu, flash_bwd_sm90.cu);
+- ``flash_attention_varlen`` and its backward (varlen.py): packed variable-length batches by cu_seqlens, on the
+  same kernels;
 - ``flash_attention_with_kvcache`` (kvcache.py, decode_configs.py; kernels/flash_decode.cu);
 - the naive formulas in reference.py and backward_reference.py, the named shapes in suites.py.
 
@@ -25,3 +27,7 @@ from .decode_configs import DecodeConfig, plan_decode
 from .kvcache import flash_attention_with_kvcache
 
 __all__ += ["flash_attention_with_kvcache", "DecodeConfig", "plan_decode"]
+
+from .varlen import flash_attention_varlen, flash_attention_varlen_backward
+
+__all__ += ["flash_attention_varlen", "flash_attention_varlen_backward"]

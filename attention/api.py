@@ -89,6 +89,31 @@ def _describe_ids(ids, name):
     return tuple(int(s) for s in ids.shape), None, None, dev, None
 
 
+def check_options(causal, window, softmax_scale):
+    """The checks of ``causal``, ``window`` and ``softmax_scale`` shared by every attention entry point; returns
+    the window as a (left, right) tuple or None."""
+    if not isinstance(causal, (bool, np.bool_)):
+        raise TypeError(f"causal must be a bool, got {causal!r}")
+    if window is not None:
+        if (not isinstance(window, (tuple, list)) or len(window) != 2
+                or not all(isinstance(w, (int, np.integer)) and not isinstance(w, bool) for w in window)):
+            raise TypeError(f"window must be None or a pair of ints (left, right), got {window!r}")
+        left, right = (int(w) for w in window)
+        if left < -1 or right < -1:
+            raise ValueError(f"window values must be >= 0, or -1 for unbounded, got {window!r}")
+        if causal and right not in (0, -1):
+            raise ValueError(f"with causal=True the window's right side is 0 (keys after the query are hidden); "
+                             f"got window={window!r}: pass (left, 0) or causal=False")
+        window = (left, right)
+
+    if softmax_scale is not None:
+        if isinstance(softmax_scale, bool) or not isinstance(softmax_scale, (int, float, np.floating, np.integer)):
+            raise TypeError(f"softmax_scale must be a float or None, got {softmax_scale!r}")
+        if not (math.isfinite(float(softmax_scale)) and float(softmax_scale) > 0):
+            raise ValueError(f"softmax_scale must be finite and > 0, got {softmax_scale!r}")
+    return window
+
+
 def validate(q, k, v, *, causal=False, window=None, segment_ids=None, softmax_scale=None,
              kv_is_paged=False) -> FwdProblem:
     """Check every argument from its attributes (no device work); return the problem or raise
@@ -127,20 +152,7 @@ def validate(q, k, v, *, causal=False, window=None, segment_ids=None, softmax_sc
         shape, _, strides, _ = descs[name]
         check_strides(name, shape, strides)
     devs = {qdev, kdev, vdev}
-
-    if not isinstance(causal, (bool, np.bool_)):
-        raise TypeError(f"causal must be a bool, got {causal!r}")
-    if window is not None:
-        if (not isinstance(window, (tuple, list)) or len(window) != 2
-                or not all(isinstance(w, (int, np.integer)) and not isinstance(w, bool) for w in window)):
-            raise TypeError(f"window must be None or a pair of ints (left, right), got {window!r}")
-        left, right = (int(w) for w in window)
-        if left < -1 or right < -1:
-            raise ValueError(f"window values must be >= 0, or -1 for unbounded, got {window!r}")
-        if causal and right not in (0, -1):
-            raise ValueError(f"with causal=True the window's right side is 0 (keys after the query are hidden); "
-                             f"got window={window!r}: pass (left, 0) or causal=False")
-        window = (left, right)
+    window = check_options(causal, window, softmax_scale)
 
     segments = segment_ids is not None
     if segments:
@@ -155,12 +167,6 @@ def validate(q, k, v, *, causal=False, window=None, segment_ids=None, softmax_sc
                 raise ValueError(f"one segment_ids array needs seq_q == seq_kv (got {seq_q} and {seq_kv}); "
                                  "pass a (q_ids, kv_ids) pair")
             devs.add(_check_ids("segment_ids", segment_ids, batch, seq_q, "seq"))
-
-    if softmax_scale is not None:
-        if isinstance(softmax_scale, bool) or not isinstance(softmax_scale, (int, float, np.floating, np.integer)):
-            raise TypeError(f"softmax_scale must be a float or None, got {softmax_scale!r}")
-        if not (math.isfinite(float(softmax_scale)) and float(softmax_scale) > 0):
-            raise ValueError(f"softmax_scale must be finite and > 0, got {softmax_scale!r}")
 
     if None in devs:
         raise TypeError("q, k, v (and segment_ids) must be CuPy arrays or torch CUDA tensors on a GPU; "
@@ -271,6 +277,13 @@ def element_strides(x) -> tuple[int, ...]:
     return tuple(s // x.itemsize for s in x.strides)
 
 
+def batch_strides(x, varlen: bool) -> tuple[int, int, int]:
+    """The (batch, seq, heads) strides in elements the kernels take: a packed [total, heads, head_dim] tensor has
+    no batch stride (0)."""
+    st = element_strides(x)
+    return (0, st[0], st[1]) if varlen else st[:3]
+
+
 def device_of(x) -> int:
     return x.get_device() if launch.is_torch(x) else x.data.device_id
 
@@ -295,21 +308,28 @@ class ForwardCall:
             kern = _compile.kernel(KERNELS / cfg.source, cfg.name_expression(dtype=dtype, mask=problem.mask))
             B, Sq, H, D, Skv = problem.batch, problem.seq_q, problem.heads, problem.head_dim, problem.seq_kv
             self.dtype = problem.dtype
-            self.o_shape, self.lse_shape = (B, Sq, H, D), (B, H, Sq)
+            self.varlen = problem.varlen
+            if problem.varlen:  # packed [total, heads, head_dim]; lse [heads, total_q] (attention/varlen.py)
+                self.o_shape, self.lse_shape = (Sq, H, D), (H, Sq)
+                grid = (problem.query_tiles(cfg.block_m), H, 1)
+            else:
+                self.o_shape, self.lse_shape = (B, Sq, H, D), (B, H, Sq)
+                grid = (-(-Sq // cfg.block_m), H, B)
             ws = launch.Workspace()
             self.ranges = (TileRanges(problem, cfg.block_m, cfg.block_n, ws, ids_contiguous(segment_ids))
                            if problem.mask & MASK_SEGMENTS else None)
             self.ws_bytes = ws.nbytes
             left, right = _window_bounds(problem)
             scale = 1.0 / math.sqrt(D) if softmax_scale is None else float(softmax_scale)
-            strides = [np.int64(s) for x in (q, k, v) for s in element_strides(x)[:3]]
+            strides = [np.int64(s) for x in (q, k, v) for s in batch_strides(x, problem.varlen)]
             P = launch.Ptr
-            # q, k, v, o, lse, q_ids, kv_ids, q_ranges, kv_ranges (the last four unused without segments)
+            # q, k, v, o, lse, q_ids, kv_ids, q_ranges, kv_ranges (ids: the cu_seqlens of a packed batch; the
+            # last four unused without segments or packing)
             self.main = launch.Launcher(
-                kern, (-(-Sq // cfg.block_m), H, B), (cfg.threads,),
+                kern, grid, (cfg.threads,),
                 (P(0), P(1), P(2), P(3), P(4), P(5), P(6), P(7), P(8), *strides,
                  np.int32(Sq), np.int32(Skv), np.int32(H), np.int32(H // problem.kv_heads),
-                 np.int32(left), np.int32(right), np.float32(scale * math.log2(math.e))),
+                 np.int32(left), np.int32(right), np.float32(scale * math.log2(math.e)), np.int32(B)),
                 smem=cfg.smem_bytes())
 
     def __call__(self, pq: int, pk: int, pv: int, segment_ids):
@@ -321,6 +341,9 @@ class ForwardCall:
         stream = f.stream()
         o, po = f.empty(self.o_shape, self.dtype)
         lse, plse = f.empty(self.lse_shape, "fp32")
+        if self.varlen:  # segment_ids: the (cu_seqlens_q, cu_seqlens_k) pointers
+            self.main.launch(stream, (pq, pk, pv, po, plse, segment_ids[0], segment_ids[1], plse, plse))
+            return o, lse
         if self.ranges is None:
             self.main.launch(stream, (pq, pk, pv, po, plse, plse, plse, plse, plse))
             return o, lse

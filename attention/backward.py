@@ -28,15 +28,23 @@ from .configs import MASK_SEGMENTS, FwdProblem
 
 KERNEL_SOURCE = Path(__file__).parent / "kernels" / "flash_bwd.cu"
 _SEQ_PAD = 128  # lse2 / D rows are padded to a multiple of every block_m
+_VARLEN_PAD = 132  # a packed batch: rows per sequence on top of its length (VARLEN_PAD in kernels/bwd_common.cuh)
 
 
 def validate_backward(do, q, k, v, o, lse, *, causal=False, window=None, segment_ids=None, softmax_scale=None,
-                      deterministic=False) -> FwdProblem:
+                      deterministic=False, problem: FwdProblem | None = None) -> FwdProblem:
     """The forward's checks for q, k, v and the masks, plus do, o (like q) and lse (float32 [batch, heads,
-    seq_q]); raises ``ValueError``/``TypeError`` naming the argument. No device work."""
-    problem = api.validate(q, k, v, causal=causal, window=window, segment_ids=segment_ids,
-                           softmax_scale=softmax_scale)
-    qshape = (problem.batch, problem.seq_q, problem.heads, problem.head_dim)
+    seq_q]); raises ``ValueError``/``TypeError`` naming the argument. No device work. ``problem``: q, k, v and
+    the options already checked (a packed batch, attention/varlen.py: lse [heads, total_q])."""
+    if problem is None:
+        problem = api.validate(q, k, v, causal=causal, window=window, segment_ids=segment_ids,
+                               softmax_scale=softmax_scale)
+    if problem.varlen:
+        qshape = (problem.seq_q, problem.heads, problem.head_dim)
+        lse_shape, lse_text = (problem.heads, problem.seq_q), "[heads, total_q]"
+    else:
+        qshape = (problem.batch, problem.seq_q, problem.heads, problem.head_dim)
+        lse_shape, lse_text = (problem.batch, problem.heads, problem.seq_q), "[batch, heads, seq_q]"
     qdev = api.describe(q, "q")[3]
     for name, x in (("do", do), ("o", o)):
         shape, dt, strides, dev, dtype_text = api.describe(x, name)
@@ -50,9 +58,8 @@ def validate_backward(do, q, k, v, o, lse, *, causal=False, window=None, segment
     if lse is None or not hasattr(lse, "shape") or not hasattr(lse, "dtype"):
         raise TypeError(f"lse must be a float32 cupy.ndarray or torch CUDA tensor, got {type(lse).__name__}")
     lshape = tuple(int(s) for s in lse.shape)
-    if lshape != (problem.batch, problem.heads, problem.seq_q):
-        raise ValueError(f"lse must have shape [batch, heads, seq_q] = {[problem.batch, problem.heads, problem.seq_q]}"
-                         f", got {list(lshape)}")
+    if lshape != lse_shape:
+        raise ValueError(f"lse must have shape {lse_text} = {list(lse_shape)}, got {list(lshape)}")
     if type(lse).__module__.startswith("torch"):
         ok, ldev = str(lse.dtype) == "torch.float32", (lse.device.index if lse.device.type == "cuda" else None)
     else:
@@ -87,14 +94,21 @@ class BackwardCall:
             ct, mask = dtypes.ctype(dtype), problem.mask
             B, Sq, H, D = problem.batch, problem.seq_q, problem.heads, problem.head_dim
             Skv, KVH = problem.seq_kv, problem.kv_heads
-            seq_pad = -(-Sq // _SEQ_PAD) * _SEQ_PAD
+            varlen = self.varlen = problem.varlen
             self.dtype = problem.dtype
-            self.shapes = ((B, Sq, H, D), (B, Skv, KVH, D), (B, Skv, KVH, D))
+            if varlen:  # packed: Sq, Skv are the totals; lse2 / D padded after each sequence (bwd_common.cuh)
+                seq_pad = -(-Sq // 4) * 4 + B * _VARLEN_PAD
+                lse_rows, q_rows = H * seq_pad, Sq
+                self.shapes = ((Sq, H, D), (Skv, KVH, D), (Skv, KVH, D))
+            else:
+                seq_pad = -(-Sq // _SEQ_PAD) * _SEQ_PAD
+                lse_rows, q_rows = B * H * seq_pad, B * Sq
+                self.shapes = ((B, Sq, H, D), (B, Skv, KVH, D), (B, Skv, KVH, D))
             self.lse_contiguous = _contiguous(lse)
 
             ws = launch.Workspace()  # lse2, dsum, the fp32 dQ accumulator, segment tile ranges
-            self.ws_lse2, self.ws_dsum = ws.add(4 * B * H * seq_pad), ws.add(4 * B * H * seq_pad)
-            self.ws_accum = None if deterministic else ws.add(4 * B * Sq * H * D)
+            self.ws_lse2, self.ws_dsum = ws.add(4 * lse_rows), ws.add(4 * lse_rows)
+            self.ws_accum = None if deterministic else ws.add(4 * q_rows * H * D)
             ids_cont = api.ids_contiguous(segment_ids) if mask & MASK_SEGMENTS else None
             self.ranges = [api.TileRanges(problem, bm, bn, ws, ids_cont) for bm, bn in
                            ((cfg.block_m, cfg.block_n), (cfg.dq_block_m, cfg.dq_block_n))[:1 + deterministic]
@@ -102,33 +116,36 @@ class BackwardCall:
             self.ws_bytes = ws.nbytes
 
             P = launch.Ptr  # 0 do, 1 q, 2 k, 3 v, 4 o, 5 lse, 6 dq, 7 dk, 8 dv, 9 lse2, 10 dsum, 11 dq accumulator,
-            # 12 q ids, 13 kv ids, 14/15 q/kv tile ranges of the dK/dV kernel, 16/17 those of the dQ kernel
-            st = {name: [np.int64(s) for s in api.element_strides(x)[:3]]
+            # 12 q ids, 13 kv ids (packed: cu_seqlens_q / _k), 14/15 q/kv tile ranges of the dK/dV kernel, 16/17
+            # those of the dQ kernel
+            st = {name: [np.int64(s) for s in api.batch_strides(x, varlen)]
                   for name, x in (("do", do), ("q", q), ("k", k), ("v", v), ("o", o))}
-            rows = B * seq_pad * H
+            pre = f"flash_bwd_preprocess<{ct},{D},{'true' if varlen else 'false'}>"
             self.steps = [launch.Launcher(
-                _compile.kernel(KERNEL_SOURCE, f"flash_bwd_preprocess<{ct},{D}>"), ((rows + 7) // 8,), (256,),
+                _compile.kernel(KERNEL_SOURCE, pre), ((lse_rows + 7) // 8,), (256,),
                 (P(4), P(0), P(5), P(9), P(10), P(11), *st["o"], *st["do"], np.int32(B), np.int32(Sq),
-                 np.int32(seq_pad), np.int32(H)))]
+                 np.int32(seq_pad), np.int32(H), P(12)))]
             left, right = api._window_bounds(problem)
             scale = 1.0 / math.sqrt(D) if softmax_scale is None else float(softmax_scale)
             tail = (*st["q"], *st["k"], *st["v"], *st["do"], np.int32(Sq), np.int32(Skv), np.int32(seq_pad),
                     np.int32(H), np.int32(H // KVH), np.int32(left), np.int32(right),
-                    np.float32(scale * math.log2(math.e)), np.float32(scale))
+                    np.float32(scale * math.log2(math.e)), np.float32(scale), np.int32(B))
             dkdv = _compile.kernel(KERNEL_SOURCE.parent / cfg.source,
                                    cfg.name_expression(dtype=dtype, mask=mask, dq=not deterministic))
             self.steps.append(launch.Launcher(
-                dkdv, (-(-Skv // cfg.block_n), KVH, B), (32 * cfg.warps,),
+                dkdv, (problem.kv_tiles(cfg.block_n), KVH, 1) if varlen else (-(-Skv // cfg.block_n), KVH, B),
+                (32 * cfg.warps,),
                 (P(1), P(2), P(3), P(0), P(9), P(10), P(11), P(7), P(8), P(12), P(13), P(14), P(15), *tail),
                 smem=cfg.dkdv_smem_bytes()))
             if deterministic:
                 dqk = _compile.kernel(KERNEL_SOURCE, cfg.name_expression(dtype=dtype, mask=mask, kernel="dq"))
                 self.steps.append(launch.Launcher(
-                    dqk, (-(-Sq // cfg.dq_block_m), H, B), (32 * cfg.dq_warps,),
+                    dqk, (problem.query_tiles(cfg.dq_block_m), H, 1) if varlen else (-(-Sq // cfg.dq_block_m), H, B),
+                    (32 * cfg.dq_warps,),
                     (P(1), P(2), P(3), P(0), P(9), P(10), P(6), P(12), P(13), P(16), P(17), *tail),
                     smem=cfg.dq_smem_bytes()))
             else:
-                pairs = B * Sq * H * D // 2
+                pairs = q_rows * H * D // 2
                 conv = _compile.kernel(KERNEL_SOURCE, f"flash_bwd_dq_convert<{ct}>")
                 self.steps.append(launch.Launcher(conv, (min(-(-pairs // 256), 32 * spec.sm_count),), (256,),
                                                   (P(11), P(6), np.int64(pairs), np.float32(scale))))
@@ -152,7 +169,9 @@ class BackwardCall:
         lse2, dsum = pws + self.ws_lse2, pws + self.ws_dsum
         accum = 0 if self.ws_accum is None else pws + self.ws_accum
         seg = [lse2] * 6  # unused by kernels without segments; any pointer will do
-        if self.ranges:
+        if self.varlen:  # segment_ids: the (cu_seqlens_q, cu_seqlens_k) pointers
+            seg[:2] = segment_ids
+        elif self.ranges:
             ids = self.ranges[0].ids(segment_ids, keep)
             seg[:2] = ids
             for i, r in enumerate(self.ranges):

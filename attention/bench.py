@@ -15,10 +15,11 @@ import sys
 
 import numpy as np
 
-from cukernels import bench, checks, cli, compile, device, dtypes, tiling
+from cukernels import bench, checks, cli, compile, device, dtypes, ncu, tiling, tune
 
-from . import decode_bench, suites
+from . import decode_bench, suites, varlen_bench
 from .api import KERNELS, flash_attention
+from . import bwd_configs, configs
 from .configs import plan_forward
 from .backward import KERNEL_SOURCE as BWD_SOURCE
 from .backward import flash_attention_backward
@@ -40,6 +41,8 @@ SUITES = {
     "decode": "attention over a KV cache (flash_attention_with_kvcache): batch 1/8/64 x cache 1k-128k x 32/8, 32/32, "
               "16/16 heads x 1 or 4 query tokens, contiguous and paged, beside torch SDPA, in GB/s of the copy "
               "bandwidth (attention/decode_bench.py)",
+    "varlen": "packed variable-length batches (flash_attention_varlen): 64 sequences of 1-8k tokens, 128k in all, "
+              "beside the padded batch (ours dense, torch SDPA) and 64 x 2048 (attention/varlen_bench.py)",
 }
 # expected-table rows (expected_results/*.toml [[attention]]) by suite case name
 _EXPECTED_KEY = {"seed004_b16_s2048_h16_d64": "seed004_a", "seed004_b32_s4096_h32_d128": "seed004_b"}
@@ -279,6 +282,8 @@ def _shape(case: bench.Case) -> str:
     p = case.params
     if "length" in p:  # a decode case
         return decode_bench.shape(case)
+    if "lengths" in p:  # a packed (varlen) case
+        return varlen_bench.shape(case)
     mask = "causal" if p["causal"] else "full"
     if p["window"]:
         mask += "+win{},{}".format(*p["window"])
@@ -319,12 +324,55 @@ def _memory_table(results: list[bench.Result], args) -> str:
                                                                                    tablefmt="github")
 
 
+# ---------------------------------------------------------------- --tune / --sweep, --ncu (cukernels/tune.py, ncu.py)
+
+
+def _tunables(case: bench.Case, spec: device.DeviceSpec, args) -> list:
+    """The forward (or, with --backward, the backward alone, after one forward) of a case, every feasible config
+    through the API's ``plan=``, checked on the case's inputs against the fp32 reference."""
+    label = "backward" if case.params.get("backward") else "forward"
+    if "suite_case" not in case.params:
+        return [tune.NotTunable(label=label, reason="only the training-shape cases are tuned")]
+    problem = _problem(case).problem(case.dtype)
+    mod = bwd_configs if case.params["backward"] else configs
+    planner = plan_backward if case.params["backward"] else plan_forward
+
+    def run(cfg, inputs):
+        kw = dict(causal=case.params["causal"], window=case.params["window"], segment_ids=inputs["segment_ids"])
+        q, k, v, plan = inputs["q"], inputs["k"], inputs["v"], tune.explicit(cfg, spec)
+        if not case.params["backward"]:
+            return lambda: flash_attention(q, k, v, plan=plan, **kw)
+        o, lse = flash_attention(q, k, v, return_lse=True, **kw)
+        return lambda: flash_attention_backward(inputs["do"], q, k, v, o, lse, plan=plan, **kw)
+
+    try:
+        heuristic = tune.heuristic(planner, problem, spec)
+    except tiling.PlanError as exc:
+        return [tune.NotTunable(label=label, reason=str(exc))]
+    return [tune.Tunable(op=mod.OP if case.params["backward"] else configs.TUNE_OP, label=label, problem=problem,
+                         candidates=mod.candidates(problem, spec), heuristic=heuristic, files=mod.tune_files(),
+                         run=run)]
+
+
+def _ncu_targets(cases: list[bench.Case], args) -> list:
+    """Forward and backward of one case (the first asked for, else seed 004's first), each its main kernels."""
+    case = next((c for c in cases if "suite_case" in c.params), None)
+    name = case.name if case else "seed004_a"
+    run = ["--suite", args.suite if case else "seed004", "--case", name, "--impl", "ours", "--dtype", args.dtype]
+    return [ncu.Target(name=f"attention forward ({name})", bench_args=run, kernel_regex="flash_fwd",
+                       launch_skip=2, launch_count=1),
+            ncu.Target(name=f"attention backward ({name})", bench_args=[*run, "--backward"],
+                       kernel_regex="flash_bwd", launch_skip=6, launch_count=3)]
+
+
 def _add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--causal", dest="causal", action="store_true", default=None,
                         help="force causal masking on every case (default: each case's own)")
     parser.add_argument("--no-causal", dest="causal", action="store_false", help="force non-causal")
     parser.add_argument("--backward", action="store_true",
                         help="time forward + backward (gradients checked; FLOPs = 3.5x the forward's)")
+    tune.add_arguments(parser)
+    ncu.add_arguments(parser)
 
 
 OP = cli.OpBench(
@@ -335,6 +383,7 @@ OP = cli.OpBench(
     suites=SUITES,
     default_suite="default",
     cases=lambda suite, args: (decode_bench.cases(suite, args) if suite == "decode"
+                               else varlen_bench.cases(suite, args) if suite == "varlen"
                                else [_to_bench_case(c, args) for c in _suite_cases(suite)]),
     describe=_shape,
     shape_legend="shape: B batch, S sequence [x kv sequence], H heads [/ kv heads], D head dim, mask",
@@ -357,10 +406,16 @@ OP = cli.OpBench(
 
 def main(argv=None) -> int:
     argv = sys.argv[1:] if argv is None else list(argv)
-    decode = any(a == "--suite=decode" or (a == "--suite" and nxt == "decode")
-                 for a, nxt in zip(argv, argv[1:] + [""]))
-    # the decode suite has its own inputs, implementations and tables (attention/decode_bench.py)
-    return cli.main(decode_bench.OP if decode else OP, argv)
+    suite = next((a.split("=", 1)[1] if "=" in a else nxt for a, nxt in zip(argv, argv[1:] + [""])
+                  if a == "--suite" or a.startswith("--suite=")), None)
+    # the decode and varlen suites have their own inputs, implementations and tables (attention/decode_bench.py,
+    # attention/varlen_bench.py)
+    own = {"decode": decode_bench.OP, "varlen": varlen_bench.OP}.get(suite)
+    if own is None and tune.requested(OP, argv):
+        return tune.run_cli(OP, argv, _tunables)
+    if own is None and ncu.requested(OP, argv):
+        return ncu.run_cli(OP, argv, _ncu_targets)
+    return cli.main(own or OP, argv)
 
 
 if __name__ == "__main__":

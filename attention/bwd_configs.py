@@ -17,12 +17,14 @@ with one tile size and compared with another).
 from __future__ import annotations
 
 import dataclasses
-import math
+import functools
 
-from cukernels import dtypes, tiling
+from pathlib import Path
+
+from cukernels import dtypes, tiling, tune
 from cukernels.device import DeviceSpec
 
-from .configs import HEAD_DIMS, MASK_KINDS, MIN_COMPUTE_CAPABILITY, FwdProblem
+from .configs import HEAD_DIMS, MASK_KINDS, MASK_VARLEN, MASK_WINDOW, MIN_COMPUTE_CAPABILITY, FwdProblem
 
 OP = "attention.bwd"
 
@@ -78,6 +80,14 @@ class BwdConfig:
     def smem_bytes(self) -> int:
         return max(self.dkdv_smem_bytes(), self.dq_smem_bytes())
 
+    def dq_kv_rows(self, mask: int) -> int:
+        """KV rows per step of the dQ kernel: ``dq_block_n``, except 16 for a packed batch with a window at head
+        dim 256, where the per-sequence lengths take registers that a wider step needs (ptxas spills 40 B on
+        sm_90a at 32 rows)."""
+        if self.head_dim == 256 and mask & MASK_VARLEN and mask & MASK_WINDOW:
+            return min(self.dq_block_n, 16)
+        return self.dq_block_n
+
     def name_expression(self, *, dtype, mask: int = 0, kernel: str = "dkdv", dq: bool = True) -> str:
         if mask not in MASK_KINDS:
             raise ValueError(f"mask must be one of {MASK_KINDS}, got {mask}")
@@ -86,7 +96,8 @@ class BwdConfig:
             return (f"flash_bwd_dkdv<{t},{self.head_dim},{self.block_m},{self.block_n},{self.warps},"
                     f"{self.stages},{mask},{'true' if dq else 'false'}>")
         if kernel == "dq":
-            return f"flash_bwd_dq<{t},{self.head_dim},{self.dq_block_m},{self.dq_block_n},{self.dq_warps},{mask}>"
+            return (f"flash_bwd_dq<{t},{self.head_dim},{self.dq_block_m},{self.dq_kv_rows(mask)},{self.dq_warps},"
+                    f"{mask}>")
         raise ValueError(f"kernel must be 'dkdv' or 'dq', got {kernel!r}")
 
     def name_expressions(self, *, dtype, mask: int) -> dict[str, list[str]]:
@@ -203,11 +214,36 @@ def plan_backward(problem: FwdProblem, spec: DeviceSpec) -> tiling.Plan:
                                f"m16n8k16); {spec.name} is {cc}")
     if problem.head_dim not in HEAD_DIMS:
         raise tiling.PlanError(f"head_dim must be one of {HEAD_DIMS}, got {problem.head_dim}")
+    tuned = tune.lookup(OP, problem, spec, files=tune_files(), types=(BwdConfig, BwdWgmmaConfig))
+    if tuned is not None:  # tuned on this GPU (--tune --backward)
+        return tuned
     raw = spec.overrides.get(OP, {}).get(f"head_dim_{problem.head_dim}")
     if raw is not None:
         narrowed = dataclasses.replace(spec, overrides={OP: raw})
         return tiling.override(narrowed, OP, lambda d: BwdConfig(head_dim=problem.head_dim, **d))
-    kv_ctas = problem.batch * problem.kv_heads * math.ceil(problem.seq_kv / 128)
+    kv_ctas = problem.kv_heads * problem.kv_tiles(128)
     return tiling.choose(search_space(problem.head_dim), spec,
                          reason=f"largest spill-free backward tiles for head_dim {problem.head_dim} that fit "
                                 f"({kv_ctas} dK/dV CTAs at 128 kv rows)")
+
+
+# ---------------------------------------------------------------- tuning (cukernels/tune.py)
+
+
+@functools.cache
+def tune_files() -> tuple[Path, ...]:
+    """What a tuned backward config depends on: the backward kernels, the headers they include, the compile path,
+    this module and the forward's (its problem and mask kinds)."""
+    kernels = Path(__file__).parent / "kernels"
+    engine = Path(tune.__file__).parent
+    return (*sorted(kernels.glob("flash_bwd*.cu")), *sorted(kernels.glob("*.cuh")),
+            *sorted((engine / "kernels").glob("*.cuh")), engine / "compile.py", Path(__file__),
+            Path(__file__).with_name("configs.py"))
+
+
+def candidates(problem: FwdProblem, spec: DeviceSpec) -> list[BwdConfig]:
+    """The configs ``plan_backward`` chooses among for ``problem`` on ``spec`` (the tuning search space): its
+    heuristic choice first (the profile's override where there is one), then every other tile of the search space
+    that fits the device, in preference order."""
+    chosen = tune.heuristic(plan_backward, problem, spec).config
+    return [chosen, *(c for c in search_space(problem.head_dim) if c != chosen and tiling.fits(c, spec) is None)]

@@ -8,15 +8,18 @@ profile's arch and checks ptxas reports no spills.
 from __future__ import annotations
 
 import dataclasses
-import math
+import functools
 
-from cukernels import dtypes, tiling
+from pathlib import Path
+
+from cukernels import dtypes, tiling, tune
 from cukernels.device import DeviceSpec
 
 HEAD_DIMS = (64, 128, 256)
 MASK_WINDOW = 1  # causal and/or sliding window (kernel template bit, see kernels/flash_fwd.cu)
 MASK_SEGMENTS = 2
-MASK_KINDS = (0, MASK_WINDOW, MASK_SEGMENTS, MASK_WINDOW | MASK_SEGMENTS)
+MASK_VARLEN = 4  # packed sequences by cu_seqlens (kernels/common.cuh); never with MASK_SEGMENTS
+MASK_KINDS = (0, MASK_WINDOW, MASK_SEGMENTS, MASK_WINDOW | MASK_SEGMENTS, MASK_VARLEN, MASK_VARLEN | MASK_WINDOW)
 MIN_COMPUTE_CAPABILITY = (8, 0)  # cp.async and mma.sync m16n8k16 (bf16 included)
 
 
@@ -124,11 +127,26 @@ class FwdProblem:
     causal: bool = False
     window: tuple[int, int] | None = None
     segments: bool = False
+    varlen: bool = False  # packed: batch = sequences, seq_q / seq_kv = the packed totals (attention/varlen.py)
 
     @property
     def mask(self) -> int:
         windowed = self.causal or (self.window is not None and tuple(self.window) != (-1, -1))
-        return (MASK_WINDOW if windowed else 0) | (MASK_SEGMENTS if self.segments else 0)
+        return ((MASK_WINDOW if windowed else 0) | (MASK_SEGMENTS if self.segments else 0)
+                | (MASK_VARLEN if self.varlen else 0))
+
+    def query_tiles(self, rows: int) -> int:
+        """Query tiles of ``rows`` rows over the whole batch: for a packed batch an upper bound (each sequence
+        adds at most one partial tile), the grid size of its kernels."""
+        if self.varlen:
+            return self.seq_q // rows + self.batch
+        return self.batch * -(-self.seq_q // rows)
+
+    def kv_tiles(self, rows: int) -> int:
+        """As ``query_tiles`` for the keys."""
+        if self.varlen:
+            return self.seq_kv // rows + self.batch
+        return self.batch * -(-self.seq_kv // rows)
 
 
 # Candidates (block_m, block_n, warps, stages) in preference order, per head dim. Registers, not shared memory,
@@ -200,11 +218,13 @@ def plan_forward(problem: FwdProblem, spec: DeviceSpec) -> tiling.Plan:
         )
     if problem.head_dim not in HEAD_DIMS:
         raise tiling.PlanError(f"head_dim must be one of {HEAD_DIMS}, got {problem.head_dim}")
-    tuned = _override(problem, spec)
+    tuned = tune.lookup(TUNE_OP, problem, spec, files=tune_files(), types=(FwdConfig, FwdWgmmaConfig))
+    if tuned is None:  # no config tuned on this GPU (--tune): the profile's override or the heuristic
+        tuned = _override(problem, spec)
     if tuned is not None:
         return tuned
     candidates = search_space(problem.head_dim)
-    ctas_128 = problem.batch * problem.heads * math.ceil(problem.seq_q / 128)
+    ctas_128 = problem.heads * problem.query_tiles(128)
     reason = f"fastest spill-free tile for head_dim {problem.head_dim} that fits"
     if ctas_128 < spec.sm_count:
         candidates = sorted(candidates, key=lambda c: c.block_m != 64)
@@ -215,3 +235,26 @@ def plan_forward(problem: FwdProblem, spec: DeviceSpec) -> tiling.Plan:
         candidates = sorted(candidates, key=lambda c: c.block_m != 64)
         reason = "causal/window mask: 64-row query tiles first; " + reason
     return tiling.choose(candidates, spec, reason=reason)
+
+
+# ---------------------------------------------------------------- tuning (cukernels/tune.py)
+
+TUNE_OP = "attention.fwd"
+
+
+@functools.cache
+def tune_files() -> tuple[Path, ...]:
+    """What a tuned forward config depends on: the forward kernels, the headers they include, the compile path
+    and this module (their text hashes to the tuned cache's kernel revision)."""
+    kernels = Path(__file__).parent / "kernels"
+    engine = Path(tune.__file__).parent
+    return (*sorted(kernels.glob("flash_fwd*.cu")), *sorted(kernels.glob("*.cuh")),
+            *sorted((engine / "kernels").glob("*.cuh")), engine / "compile.py", Path(__file__))
+
+
+def candidates(problem: FwdProblem, spec: DeviceSpec) -> list:
+    """The configs ``plan_forward`` chooses among for ``problem`` on ``spec`` (the tuning search space): its
+    heuristic choice first (the profile's override where there is one), then every other tile of the search space
+    that fits the device, in the planner's preference order."""
+    chosen = tune.heuristic(plan_forward, problem, spec).config
+    return [chosen, *(c for c in search_space(problem.head_dim) if c != chosen and tiling.fits(c, spec) is None)]

@@ -1,5 +1,6 @@
-"""Flash attention as torch ops: ``attention.torch.flash_attention`` (differentiable) and the custom ops
-``torch.ops.cukernels.flash_attention_forward`` / ``flash_attention_backward``.
+"""Flash attention as torch ops: ``attention.torch.flash_attention`` and ``flash_attention_varlen``
+(differentiable) and the custom ops ``torch.ops.cukernels.flash_attention_forward`` / ``flash_attention_backward``
+and ``flash_attention_varlen_forward`` / ``flash_attention_varlen_backward``.
 
 Importing this module imports torch (``import attention`` never does) and registers the two custom ops through
 ``torch.library``, with fake (meta) implementations and the forward's autograd, so ``torch.compile(fullgraph=True)``
@@ -25,6 +26,7 @@ from .api import flash_attention as _forward
 from .api import forward_keyed
 from .backward import backward_keyed
 from .backward import flash_attention_backward as _backward
+from . import varlen as _varlen
 
 Tensor = torch.Tensor
 
@@ -133,3 +135,91 @@ def flash_attention(q, k, v, *, causal=False, window=None, segment_ids=None, sof
             None if softmax_scale is None else float(softmax_scale), deterministic)
         return o
     return _FlashAttention.apply(q, k, v, causal, window, segment_ids, softmax_scale, deterministic)
+
+
+# ---------------------------------------------------------------- packed variable-length batches (varlen.py)
+
+
+@torch.library.custom_op("cukernels::flash_attention_varlen_forward", mutates_args=(), device_types="cuda")
+def flash_attention_varlen_forward(q: Tensor, k: Tensor, v: Tensor, cu_seqlens_q: Tensor, cu_seqlens_k: Tensor,
+                                   max_seqlen_q: int, max_seqlen_k: int, causal: bool, window: Optional[list[int]],
+                                   softmax_scale: Optional[float], deterministic: bool) -> tuple[Tensor, Tensor]:
+    """(o, lse) of ``attention.varlen.flash_attention_varlen`` (no host check of the offsets: a compiled graph
+    cannot synchronise); ``deterministic`` is the backward's option, kept for it."""
+    o, lse, _ = _varlen.forward_keyed(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, causal,
+                                      _window(window), softmax_scale, False)
+    return o, lse
+
+
+@flash_attention_varlen_forward.register_fake
+def _(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, causal, window, softmax_scale, deterministic):
+    total, heads, head_dim = q.shape
+    return q.new_empty((total, heads, head_dim)), q.new_empty((heads, total), dtype=torch.float32)
+
+
+@torch.library.custom_op("cukernels::flash_attention_varlen_backward", mutates_args=(), device_types="cuda")
+def flash_attention_varlen_backward(do: Tensor, q: Tensor, k: Tensor, v: Tensor, o: Tensor, lse: Tensor,
+                                    cu_seqlens_q: Tensor, cu_seqlens_k: Tensor, max_seqlen_q: int, max_seqlen_k: int,
+                                    causal: bool, window: Optional[list[int]], softmax_scale: Optional[float],
+                                    deterministic: bool) -> tuple[Tensor, Tensor, Tensor]:
+    """(dq, dk, dv) of ``attention.varlen.flash_attention_varlen_backward``."""
+    return _varlen.flash_attention_varlen_backward(
+        _aligned_grad(do), q, k, v, o, lse, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, causal=causal,
+        window=_window(window), softmax_scale=softmax_scale, deterministic=deterministic, check_values=False)
+
+
+@flash_attention_varlen_backward.register_fake
+def _(do, q, k, v, o, lse, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, causal, window, softmax_scale,
+      deterministic):
+    return q.new_empty(q.shape), k.new_empty(k.shape), v.new_empty(v.shape)
+
+
+def _varlen_setup_context(ctx, inputs, output):
+    q, k, v, cu_q, cu_k, max_q, max_k, causal, window, softmax_scale, deterministic = inputs
+    o, lse = output
+    ctx.save_for_backward(q, k, v, o, lse, cu_q, cu_k)
+    ctx.options = (max_q, max_k, causal, window, softmax_scale, deterministic)
+
+
+def _varlen_op_backward(ctx, do, dlse):
+    q, k, v, o, lse, cu_q, cu_k = ctx.saved_tensors
+    max_q, max_k, causal, window, softmax_scale, deterministic = ctx.options
+    dq, dk, dv = torch.ops.cukernels.flash_attention_varlen_backward(do, q, k, v, o, lse, cu_q, cu_k, max_q, max_k,
+                                                                     causal, window, softmax_scale, deterministic)
+    return dq, dk, dv, None, None, None, None, None, None, None, None
+
+
+flash_attention_varlen_forward.register_autograd(_varlen_op_backward, setup_context=_varlen_setup_context)
+
+
+class _FlashAttentionVarlen(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, q, k, v, cu_q, cu_k, max_q, max_k, causal, window, softmax_scale, deterministic, check):
+        o, lse, _ = _varlen.forward_keyed(q, k, v, cu_q, cu_k, max_q, max_k, causal, window, softmax_scale, check)
+        ctx.save_for_backward(q, k, v, o, lse, cu_q, cu_k)
+        ctx.options = (max_q, max_k, causal, window, softmax_scale, deterministic)
+        return o
+
+    @staticmethod
+    def backward(ctx, do):
+        q, k, v, o, lse, cu_q, cu_k = ctx.saved_tensors
+        max_q, max_k, causal, window, softmax_scale, deterministic = ctx.options
+        dq, dk, dv = _varlen.flash_attention_varlen_backward(
+            _aligned_grad(do), q, k, v, o, lse, cu_q, cu_k, max_q, max_k, causal=causal, window=window,
+            softmax_scale=softmax_scale, deterministic=deterministic, check_values=False)
+        return dq, dk, dv, None, None, None, None, None, None, None, None, None
+
+
+def flash_attention_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, *, causal=False,
+                           window=None, softmax_scale=None, deterministic=False, check_values=True):
+    """Differentiable attention over packed sequences (``attention.varlen``): q ``[total_q, heads, head_dim]``,
+    k, v ``[total_k, kv_heads, head_dim]``, int32 cu_seqlens ``[batch + 1]``. Returns o. ``check_values``: the
+    host check of the offsets in eager mode (the forward only; a compiled graph never checks)."""
+    if _compiling():
+        o, _ = torch.ops.cukernels.flash_attention_varlen_forward(
+            q, k, v, cu_seqlens_q, cu_seqlens_k, int(max_seqlen_q), int(max_seqlen_k), causal,
+            None if window is None else list(window), None if softmax_scale is None else float(softmax_scale),
+            deterministic)
+        return o
+    return _FlashAttentionVarlen.apply(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, causal,
+                                       window, softmax_scale, deterministic, check_values)

@@ -8,6 +8,9 @@ through torch's cuBLAS).
 ``--plan [--profile NAME] [--compile]`` needs no GPU: each kernel's config, its shared memory against the limit,
 and with ``--compile`` its registers and spills. The GPU run ends with the expert-utilisation figures of each
 routing case (load-balance loss, z-loss, usage CV) beside the NumPy reference's.
+
+``--suite ep [--gpus N]``: the expert-parallel layer over the node's GPUs, one process per GPU (``moe/ep_bench.py``,
+its own options: ``--suite ep --help``).
 """
 from __future__ import annotations
 
@@ -17,9 +20,9 @@ import types
 import numpy as np
 from tabulate import tabulate
 
-from cukernels import bench, checks, cli, compile, dtypes, tiling
+from cukernels import bench, checks, cli, compile, dtypes, ncu, tiling, tune
 
-from . import configs, dispatch, gemm_configs, launch, reference, routing, suites
+from . import configs, dispatch, ep_bench, gemm_configs, launch, reference, routing, suites
 from .grouped_gemm import SOURCE as GEMM_SOURCE
 from .grouped_gemm import grouped_gemm
 from .layer import MoELayer
@@ -611,6 +614,72 @@ def _extra(results, args) -> str:
     return "\n\n".join(x for x in (utilisation(results, args), router_share(results, args)) if x)
 
 
+# ---------------------------------------------------------------- --tune / --sweep, --ncu (cukernels/tune.py, ncu.py)
+
+
+def _gemm_tunable(label: str, problem, spec, inputs=None, out_dtype=None):
+    """One grouped GEMM, every feasible tile through ``grouped_gemm(config=...)``. A layer's GEMMs are tuned on
+    inputs of their own (equal groups, as routing random tokens gives), each candidate checked against the
+    heuristic's output; the tuned entry is keyed by the GEMM's problem, which the layer's cache miss plans."""
+    def run(cfg, x):
+        return lambda: grouped_gemm(x.a, x.b, x.offsets_d, epilogue=problem.epilogue, out_dtype=out_dtype, config=cfg)
+
+    try:
+        heuristic = tune.heuristic(gemm_configs.plan, problem, spec)
+    except tiling.PlanError as exc:
+        return tune.NotTunable(label=label, reason=str(exc))
+    return tune.Tunable(op=gemm_configs.OP, label=label, problem=problem, heuristic=heuristic, run=run,
+                        candidates=gemm_configs.candidates(problem, spec), files=gemm_configs.tune_files(),
+                        inputs=inputs, dtype=problem.dtype)
+
+
+def _gemm_inputs(problem):
+    def make(seed: int):
+        import cupy
+
+        dt = dtypes.from_name(problem.dtype)
+        return types.SimpleNamespace(
+            a=dtypes.random((problem.rows, problem.k), dt, seed=seed),
+            b=dtypes.random((problem.experts, problem.n, problem.k), dt, seed=seed + 1, scale=1 / np.sqrt(problem.k)),
+            offsets_d=cupy.asarray(gemm_offsets(problem.rows, problem.experts, "equal" if problem.experts > 1
+                                                else "one")))
+    return make
+
+
+def _tunables(case: bench.Case, spec, args) -> list:
+    p = case.params
+    G = gemm_configs.GemmProblem
+    if p["kind"] == "gemm":
+        return [_gemm_tunable("grouped GEMM", G(rows=p["rows"], n=p["n"], k=p["k"], experts=p["experts"],
+                                                dtype=p["dtype"]), spec)]
+    if p["kind"] == "layer":
+        rows, e, h, inter = p["tokens"] * p["top_k"], p["experts"], p["hidden"], p["intermediate"]
+        gemms = (("router GEMM (fp32 logits)", G(rows=p["tokens"], n=e, k=h, experts=1, dtype=p["dtype"]), np.float32),
+                 ("up GEMM (swiglu)", G(rows=rows, n=2 * inter, k=h, experts=e, dtype=p["dtype"], epilogue="swiglu"),
+                  None),
+                 ("down GEMM", G(rows=rows, n=h, k=inter, experts=e, dtype=p["dtype"]), None))
+        return [_gemm_tunable(label, g, spec, _gemm_inputs(g), out) for label, g, out in gemms]
+    why = ("route() takes no config; its planner's candidates differ in warps per block only" if p["kind"] in _ROUTING
+           else "the planner has a single config for it")
+    return [tune.NotTunable(label=p["kind"], reason=why)]
+
+
+def _ncu_targets(cases: list[bench.Case], args) -> list:
+    """The grouped GEMM (seed 004's up-projection size, 32 equal groups) and the router (route + permute at seed
+    004's 16 x 2048 tokens), each in its own run of this bench."""
+    run = ["--impl", "ours", "--dtype", args.dtype]
+    return [ncu.Target(name="grouped GEMM (gemm_8192x11008x4096_E32_equal)", kernel_regex="moe_grouped_gemm",
+                       bench_args=["--suite", "gemm", "--case", "E32_equal", *run], launch_skip=2, launch_count=1),
+            ncu.Target(name="router (seed004_b16x2048 route+permute)", kernel_regex="moe_route|moe_permute",
+                       bench_args=["--suite", "seed004", "--case", "seed004_b16x2048 route+permute", *run],
+                       launch_skip=6, launch_count=3)]
+
+
+def _add_arguments(parser) -> None:
+    tune.add_arguments(parser)
+    ncu.add_arguments(parser)
+
+
 OP_BENCH = cli.OpBench(
     prog="python -m moe.bench",
     description=__doc__,
@@ -631,10 +700,17 @@ OP_BENCH = cli.OpBench(
     expected_key=_expected_key,
     reference_of=lambda case: {"gemm": "cublas", "layer": "torch-loop"}.get(case.params["kind"], "torch"),
     extra_output=_extra,
+    add_arguments=_add_arguments,
 )
 
 
 def main(argv=None) -> int:
+    if ep_bench.selected(sys.argv[1:] if argv is None else argv):  # expert parallelism: its own processes
+        return ep_bench.main(argv)
+    if tune.requested(OP_BENCH, argv):
+        return tune.run_cli(OP_BENCH, argv, _tunables)
+    if ncu.requested(OP_BENCH, argv):
+        return ncu.run_cli(OP_BENCH, argv, _ncu_targets)
     return cli.main(OP_BENCH, argv)
 
 

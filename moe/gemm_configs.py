@@ -11,8 +11,11 @@ planner raises ``PlanError``; it never hands back a config that would fail or fa
 from __future__ import annotations
 
 import dataclasses
+import functools
 
-from cukernels import dtypes, tiling
+from pathlib import Path
+
+from cukernels import dtypes, tiling, tune
 from cukernels.device import DeviceSpec
 
 EPILOGUES = {None: 0, "swiglu": 1, "gelu": 2}
@@ -158,7 +161,9 @@ def plan(problem: GemmProblem, spec: DeviceSpec) -> tiling.Plan:
     """The tile for ``problem`` on ``spec``: 128 x 256 when it leaves at least two waves of CTAs, else 128 x 128,
     each with the deepest pipeline that fits ``spec.smem_per_block_optin``."""
     check_arch(spec)
-    tuned = tiling.override(spec, OP, _config_from)
+    tuned = tune.lookup(OP, problem, spec, files=tune_files(), types=(GemmConfig,))  # --tune on this GPU
+    if tuned is None:
+        tuned = tiling.override(spec, OP, _config_from)
     if tuned is not None:
         return tuned
     n = problem.n
@@ -183,3 +188,25 @@ def variants(spec: DeviceSpec) -> list[GemmConfig]:
             if cfg not in out:
                 out.append(cfg)
     return out
+
+
+# ---------------------------------------------------------------- tuning (cukernels/tune.py)
+
+
+@functools.cache
+def tune_files() -> tuple[Path, ...]:
+    """What a tuned GEMM config depends on: the kernel, its headers, the compile path and this module."""
+    kernels = Path(__file__).parent / "kernels"
+    engine = Path(tune.__file__).parent
+    return (kernels / "grouped_gemm.cu", *sorted(kernels.glob("*.cuh")), *sorted((engine / "kernels").glob("*.cuh")),
+            engine / "compile.py", Path(__file__))
+
+
+def candidates(problem: GemmProblem, spec: DeviceSpec) -> list[GemmConfig]:
+    """The configs ``plan`` chooses among for ``problem`` on ``spec`` (the tuning search space): its heuristic
+    choice first (the profile's override where there is one), then every tile of ``ALL`` that fits the device and
+    is built with the problem's epilogue, in preference order (256-wide tiles only when n >= 256)."""
+    chosen = tune.heuristic(plan, problem, spec).config
+    pool = [c for c in _for_device(ALL, spec) if problem.epilogue in c.epilogues() and tiling.fits(c, spec) is None
+            and (c.block_n <= problem.n or c.block_n < 256)]
+    return [chosen, *dict.fromkeys(c for c in pool if c != chosen)]

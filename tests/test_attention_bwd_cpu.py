@@ -114,8 +114,8 @@ _COMPILE_DTYPES = (dtypes.BF16, dtypes.FP16) if os.environ.get("CUKERNELS_FULL_C
 @pytest.mark.slow
 @pytest.mark.parametrize("arch", sorted({s.arch for s in PROFILES if s.compute_capability >= (8, 0)}))
 def test_every_planned_variant_compiles_without_spills(arch):
-    common = [f"flash_bwd_preprocess<{dtypes.ctype(dt)},{d}>" for dt in (dtypes.FP16, dtypes.BF16)
-              for d in HEAD_DIMS] + [f"flash_bwd_dq_convert<{dtypes.ctype(dt)}>" for dt in (dtypes.FP16, dtypes.BF16)]
+    common = [f"flash_bwd_preprocess<{dtypes.ctype(dt)},{d},{packed}>" for dt in (dtypes.FP16, dtypes.BF16)
+              for d in HEAD_DIMS for packed in ("false", "true")] + [f"flash_bwd_dq_convert<{dtypes.ctype(dt)}>" for dt in (dtypes.FP16, dtypes.BF16)]
     jobs = [(arch, KERNEL_SOURCE.name, common)]
     for cfg in sorted(_variants()[arch], key=str):
         for dt in _COMPILE_DTYPES:

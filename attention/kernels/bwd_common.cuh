@@ -67,6 +67,16 @@ __device__ __forceinline__ void kv_block_coords(int& nb, int& kvh) {
     kvh = lin % gridDim.y;
 }
 
+// MASK_VARLEN: the lse2 / D rows of sequence b start at align4(cu[b]) + b * VARLEN_PAD (16-byte aligned for the
+// cp.async loads of 4 floats), each sequence followed by padding rows (D = 0, lse2 = +inf) up to the next one's
+// start, at least VARLEN_PAD - 3 of them, so a query tile's loads (block_m <= 128 rows) never reach the next
+// sequence's rows. The arrays are [heads, align4(total_q) + batch * VARLEN_PAD].
+constexpr int VARLEN_PAD = 132;
+
+__device__ __forceinline__ long long varlen_pad_start(int start, int b) {
+    return ((start + 3) & ~3) + (long long)b * VARLEN_PAD;
+}
+
 constexpr int BWD_MASK_WINDOW = 1;  // same bits as the forward's MASK_WINDOW / MASK_SEGMENTS
 constexpr int BWD_MASK_SEGMENTS = 2;
 

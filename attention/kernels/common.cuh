@@ -209,6 +209,53 @@ __device__ __forceinline__ void online_softmax(float (&s)[NT][4], float (&o)[DT]
     }
 }
 
+// ---------------------------------------------------------------- packed variable-length batches
+
+// MASK_VARLEN (a kernel template bit, beside the forward's MASK_WINDOW = 1 and MASK_SEGMENTS = 2): the batch is
+// packed, sequence b holding rows [cu[b], cu[b + 1]) of [total, heads, head_dim] tensors (cu_seqlens, int32
+// [batch + 1]), and one grid dimension runs over every sequence's tiles in order, so no CTA works on padding.
+// A kernel maps its tile, moves its q/k/v/output pointers to the sequence's first row, takes the sequence's
+// lengths as seq_q / seq_kv and then runs as for batch element 0.
+constexpr int MASK_VARLEN = 4;
+
+struct VarlenSeq {
+    int start, len;
+};
+
+// Sequence b's rows, clamped to [0, total): invalid cu_seqlens (decreasing, past the packed rows) never reach
+// outside the tensors (they give empty or shortened sequences).
+__device__ __forceinline__ VarlenSeq varlen_seq(const int* __restrict__ cu, int b, int total) {
+    const int start = min(max(__ldg(cu + b), 0), total);
+    return {start, min(max(__ldg(cu + b + 1), start), total) - start};
+}
+
+// Tile t of all sequences' tiles of BLOCK rows (rows clamped to [0, total)) (sequence 0's first) -> (b, tile within sequence b); false when t
+// is past the last tile. A warp-wide scan over 32 sequences per step: every lane of the warp must call it.
+template <int BLOCK>
+__device__ __forceinline__ bool varlen_tile(const int* __restrict__ cu, int batch, int total, int t, int& b,
+                                            int& tile) {
+    const int lane = threadIdx.x & 31;
+    int base = 0;  // tiles of the sequences before this step's 32
+    for (int c = 0; c < batch; c += 32) {
+        const int n = c + lane < batch ? (varlen_seq(cu, c + lane, total).len + BLOCK - 1) / BLOCK : 0;
+        int incl = n;
+#pragma unroll
+        for (int off = 1; off < 32; off <<= 1) {
+            const int y = __shfl_up_sync(0xffffffffu, incl, off);
+            if (lane >= off) incl += y;
+        }
+        const unsigned hit = __ballot_sync(0xffffffffu, t < base + incl);
+        if (hit) {
+            const int l = __ffs(hit) - 1;
+            b = c + l;
+            tile = t - base - __shfl_sync(0xffffffffu, incl - n, l);
+            return true;
+        }
+        base += __shfl_sync(0xffffffffu, incl, 31);
+    }
+    return false;
+}
+
 // ---------------------------------------------------------------- which KV tiles a query tile sees
 
 // For the query tile of rows [m0, m_last] (query i sits at kv position i + seq_kv - seq_q): the KV tiles

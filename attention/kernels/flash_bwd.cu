@@ -26,32 +26,62 @@
 // 3b. deterministic mode: flash_bwd_dkdv<..., DQ = false> and flash_bwd_dq, one CTA per (query tile, head,
 //    batch) looping over the visible KV tiles (forward-like; recomputes S and dP) and writing dq directly: no
 //    atomics anywhere, so results are bit-identical run to run.
+// 4.  MASK_VARLEN (common.cuh, bwd_common.cuh): packed sequences as in the forward; every kernel maps its tile to a
+//   sequence and runs as for batch element 0; lse2 / D are [heads, align4(total_q) + batch * VARLEN_PAD]
+//   with the padding after each sequence, and preprocess<..., VARLEN = true> takes cu_seqlens_q.
 #include "bwd_common.cuh"
 
 using namespace attn;
 
-template <typename T, int HEAD_DIM>
+template <typename T, int HEAD_DIM, bool VARLEN = false>
 __global__ void flash_bwd_preprocess(const T* __restrict__ o, const T* __restrict__ dout, const float* __restrict__ lse,
                                      float* __restrict__ lse2, float* __restrict__ dsum, float* __restrict__ dq_accum,
                                      long long o_sb, long long o_ss, long long o_sh, long long do_sb, long long do_ss,
-                                     long long do_sh, int batch, int seq_q, int seq_pad, int heads) {
+                                     long long do_sh, int batch, int seq_q, int seq_pad, int heads,
+                                     const int* __restrict__ cu_q) {
     constexpr float LOG2E = 1.4426950408889634f;
     const int lane = threadIdx.x & 31;
     const long long row = (long long)blockIdx.x * (blockDim.x / 32) + (threadIdx.x >> 5);
-    if (row >= (long long)batch * seq_pad * heads) return;
     const int h = row % heads;
-    const int i = (row / heads) % seq_pad;
-    const int b = row / ((long long)heads * seq_pad);
-    const long long at = ((long long)b * heads + h) * seq_pad + i;
-    if (i >= seq_q) {
+    // the row's lse2 / D index, its row in o and dout (offsets), in lse, and in the dQ accumulator; or padding
+    long long at, o_off, do_off, lse_at, q_row;
+    bool pad;
+    if constexpr (VARLEN) {  // [heads, seq_pad], seq_pad = align4(total_q) + batch * VARLEN_PAD; seq_q = total_q
+        if (row >= (long long)seq_pad * heads) return;
+        const int ip = row / heads;  // padded row: its sequence is the last whose padded start is <= ip
+        int lo = 0, hi = batch - 1;
+        while (lo < hi) {
+            const int mid = (lo + hi + 1) >> 1;
+            if (varlen_pad_start(__ldg(cu_q + mid), mid) <= ip) lo = mid; else hi = mid - 1;
+        }
+        const VarlenSeq sq = varlen_seq(cu_q, lo, seq_q);
+        const long long i = ip - varlen_pad_start(sq.start, lo);
+        pad = i < 0 || i >= sq.len;
+        q_row = sq.start + i;
+        at = (long long)h * seq_pad + ip;
+        o_off = q_row * o_ss;
+        do_off = q_row * do_ss;
+        lse_at = (long long)h * seq_q + q_row;
+    } else {
+        if (row >= (long long)batch * seq_pad * heads) return;
+        const int i = (row / heads) % seq_pad;
+        const int b = row / ((long long)heads * seq_pad);
+        pad = i >= seq_q;
+        q_row = (long long)b * seq_q + i;
+        at = ((long long)b * heads + h) * seq_pad + i;
+        o_off = b * o_sb + i * o_ss;
+        do_off = b * do_sb + i * do_ss;
+        lse_at = ((long long)b * heads + h) * seq_q + i;
+    }
+    if (pad) {
         if (lane == 0) {
             dsum[at] = 0.f;
             lse2[at] = pos_inf();
         }
         return;
     }
-    const T* orow = o + b * o_sb + i * o_ss + h * o_sh;
-    const T* drow = dout + b * do_sb + i * do_ss + h * do_sh;
+    const T* orow = o + o_off + h * o_sh;
+    const T* drow = dout + do_off + h * do_sh;
     float acc = 0.f;
     for (int c = lane; c < HEAD_DIM / 8; c += 32) {
         const uint4 a = *reinterpret_cast<const uint4*>(orow + c * 8);
@@ -67,11 +97,11 @@ __global__ void flash_bwd_preprocess(const T* __restrict__ o, const T* __restric
     for (int off = 16; off > 0; off >>= 1) acc += __shfl_xor_sync(0xffffffffu, acc, off);
     if (lane == 0) {
         dsum[at] = acc;
-        const float l = lse[((long long)b * heads + h) * seq_q + i];
+        const float l = lse[lse_at];
         lse2[at] = l == neg_inf() ? pos_inf() : l * LOG2E;
     }
     if (dq_accum != nullptr) {
-        float4* dst = reinterpret_cast<float4*>(dq_accum + (((long long)b * seq_q + i) * heads + h) * HEAD_DIM);
+        float4* dst = reinterpret_cast<float4*>(dq_accum + (q_row * heads + h) * HEAD_DIM);
         for (int c = lane; c < HEAD_DIM / 4; c += 32) dst[c] = make_float4(0.f, 0.f, 0.f, 0.f);
     }
 }
@@ -105,7 +135,7 @@ flash_bwd_dkdv(const T* __restrict__ q, const T* __restrict__ k, const T* __rest
                long long q_ss, long long q_sh, long long k_sb, long long k_ss, long long k_sh, long long v_sb,
                long long v_ss, long long v_sh, long long do_sb, long long do_ss, long long do_sh, int seq_q,
                int seq_kv, int seq_pad, int heads, int kv_group, int window_left, int window_right, float scale_log2,
-               float scale) {
+               float scale, int batch) {
     constexpr int THREADS = WARPS * 32;
     constexpr int WN = BLOCK_N / 16;  // 16-row kv groups
     constexpr int WC = WARPS / WN;    // warps per kv group (split q columns in phase A, head-dim in phase B)
@@ -117,6 +147,7 @@ flash_bwd_dkdv(const T* __restrict__ q, const T* __restrict__ k, const T* __rest
     constexpr int DQC = HEAD_DIM / CQ;
     constexpr bool WINDOW = (MASK & BWD_MASK_WINDOW) != 0;
     constexpr bool SEGMENTS = (MASK & BWD_MASK_SEGMENTS) != 0;
+    constexpr bool VARLEN = (MASK & MASK_VARLEN) != 0;
     static_assert(BLOCK_N % 16 == 0 && WARPS % WN == 0 && WC >= 1, "warps must cover the kv rows in 16-row groups");
     static_assert(MQ % 16 == 0 && DC % 16 == 0, "per-warp slices of 16 columns");
     static_assert(WARPS % RQ == 0 && QG % RQ == 0 && DQC % 32 == 0, "phase C warp grid");
@@ -135,10 +166,28 @@ flash_bwd_dkdv(const T* __restrict__ q, const T* __restrict__ k, const T* __rest
     const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
     const int g = lane >> 2, t = lane & 3;
     const int wr = warp % WN, wc = warp / WN;
-    const int b = blockIdx.z;
+    int b = blockIdx.z;
     int nb, kvh;
     kv_block_coords(nb, kvh);
     const int kv_heads = gridDim.y;
+    if constexpr (VARLEN) {  // grid.x: every sequence's KV tiles; q_ids / kv_ids carry the cu_seqlens
+        int tile;
+        if (!varlen_tile<BLOCK_N>(kv_ids, batch, seq_kv, nb, b, tile)) return;
+        const VarlenSeq sq = varlen_seq(q_ids, b, seq_q), sk = varlen_seq(kv_ids, b, seq_kv);
+        nb = tile;
+        seq_q = sq.len;
+        seq_kv = sk.len;
+        q += (long long)sq.start * q_ss;
+        dout += (long long)sq.start * do_ss;
+        k += (long long)sk.start * k_ss;
+        v += (long long)sk.start * v_ss;
+        if constexpr (DQ) dq_accum += (long long)sq.start * heads * HEAD_DIM;
+        dk += (long long)sk.start * kv_heads * HEAD_DIM;
+        dv += (long long)sk.start * kv_heads * HEAD_DIM;
+        lse2 += varlen_pad_start(sq.start, b);  // seq_pad: the padded total, the head stride
+        dsum += varlen_pad_start(sq.start, b);
+        b = 0;
+    }
     const int n0 = nb * BLOCK_N;
     const int shift = seq_kv - seq_q;
 
@@ -358,12 +407,13 @@ flash_bwd_dq(const T* __restrict__ q, const T* __restrict__ k, const T* __restri
              const int2* __restrict__ kv_tile_ids, long long q_sb, long long q_ss, long long q_sh, long long k_sb,
              long long k_ss, long long k_sh, long long v_sb, long long v_ss, long long v_sh, long long do_sb,
              long long do_ss, long long do_sh, int seq_q, int seq_kv, int seq_pad, int heads, int kv_group,
-             int window_left, int window_right, float scale_log2, float scale) {
+             int window_left, int window_right, float scale_log2, float scale, int batch) {
     constexpr int THREADS = WARPS * 32;
     constexpr int NT = BLOCK_N / 8;
     constexpr int DT = HEAD_DIM / 8;
     constexpr bool WINDOW = (MASK & BWD_MASK_WINDOW) != 0;
     constexpr bool SEGMENTS = (MASK & BWD_MASK_SEGMENTS) != 0;
+    constexpr bool VARLEN = (MASK & MASK_VARLEN) != 0;
     static_assert(BLOCK_M == 16 * WARPS && BLOCK_N % 16 == 0, "each warp owns 16 query rows");
 
     extern __shared__ __align__(128) unsigned char smem_raw[];
@@ -374,8 +424,25 @@ flash_bwd_dq(const T* __restrict__ q, const T* __restrict__ k, const T* __restri
 
     const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
     const int g = lane >> 2, t = lane & 3;
-    const int m_block = gridDim.x - 1 - blockIdx.x;
-    const int head = blockIdx.y, b = blockIdx.z;
+    int m_block = gridDim.x - 1 - blockIdx.x;
+    int b = blockIdx.z, q_first = 0;
+    const int head = blockIdx.y;
+    if constexpr (VARLEN) {  // grid.x: every sequence's query tiles; q_ids / kv_ids carry the cu_seqlens
+        int tile;
+        if (!varlen_tile<BLOCK_M>(q_ids, batch, seq_q, blockIdx.x, b, tile)) return;
+        const VarlenSeq sq = varlen_seq(q_ids, b, seq_q), sk = varlen_seq(kv_ids, b, seq_kv);
+        seq_q = sq.len;
+        seq_kv = sk.len;
+        m_block = (seq_q + BLOCK_M - 1) / BLOCK_M - 1 - tile;
+        q += (long long)sq.start * q_ss;
+        dout += (long long)sq.start * do_ss;
+        k += (long long)sk.start * k_ss;
+        v += (long long)sk.start * v_ss;
+        q_first = sq.start;  // dq rows (an offset: one register where a moved pointer takes two)
+        lse2 += varlen_pad_start(sq.start, b);
+        dsum += varlen_pad_start(sq.start, b);
+        b = 0;
+    }
     const int m0 = m_block * BLOCK_M;
     const int m_last = min(m0 + BLOCK_M, seq_q) - 1;
     const int shift = seq_kv - seq_q;
@@ -407,6 +474,7 @@ flash_bwd_dq(const T* __restrict__ q, const T* __restrict__ k, const T* __restri
     const long long lrow = ((long long)b * heads + head) * seq_pad;
     const float l0 = lse2[lrow + row0], l1 = lse2[lrow + row1];  // padded: rows past seq_q hold +inf
     const float d0 = dsum[lrow + row0], d1 = dsum[lrow + row1];
+    const bool store0 = row0 < seq_q, store1 = row1 < seq_q;  // predicates: seq_q need not stay in a register
     int qid0 = 0, qid1 = 0;
     if constexpr (SEGMENTS) {
         qid0 = q_ids[(long long)b * seq_q + min(row0, seq_q - 1)];
@@ -508,11 +576,11 @@ flash_bwd_dq(const T* __restrict__ q, const T* __restrict__ k, const T* __restri
     }
     cp_async_wait<0>();
 
-    T* out0 = dq + (((long long)b * seq_q + row0) * heads + head) * HEAD_DIM + 2 * t;
+    T* out0 = dq + (((long long)b * seq_q + q_first + row0) * heads + head) * HEAD_DIM + 2 * t;
     T* out1 = out0 + 8LL * heads * HEAD_DIM;
 #pragma unroll
     for (int dt = 0; dt < DT; ++dt) {
-        if (row0 < seq_q) *reinterpret_cast<unsigned*>(out0 + dt * 8) = pack2<T>(acc[dt][0] * scale, acc[dt][1] * scale);
-        if (row1 < seq_q) *reinterpret_cast<unsigned*>(out1 + dt * 8) = pack2<T>(acc[dt][2] * scale, acc[dt][3] * scale);
+        if (store0) *reinterpret_cast<unsigned*>(out0 + dt * 8) = pack2<T>(acc[dt][0] * scale, acc[dt][1] * scale);
+        if (store1) *reinterpret_cast<unsigned*>(out1 + dt * 8) = pack2<T>(acc[dt][2] * scale, acc[dt][3] * scale);
     }
 }

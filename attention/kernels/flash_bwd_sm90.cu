@@ -87,7 +87,7 @@ flash_bwd_dkdv_wgmma(const T* __restrict__ q, const T* __restrict__ k, const T* 
                      long long q_ss, long long q_sh, long long k_sb, long long k_ss, long long k_sh, long long v_sb,
                      long long v_ss, long long v_sh, long long do_sb, long long do_ss, long long do_sh, int seq_q,
                      int seq_kv, int seq_pad, int heads, int kv_group, int window_left, int window_right,
-                     float scale_log2, float scale) {
+                     float scale_log2, float scale, int batch) {
     constexpr int BLOCK_N = 64 * WGS;
     constexpr int THREADS = 128 * WGS;
     constexpr int MT = BLOCK_M / 8;   // 8-column (query) tiles of S^T
@@ -96,6 +96,7 @@ flash_bwd_dkdv_wgmma(const T* __restrict__ q, const T* __restrict__ k, const T* 
     constexpr int DQ_N = HEAD_DIM * DQ_ROW_BLOCKS / WGS;    // ... and the head-dim slice each warpgroup takes
     constexpr bool WINDOW = (MASK & BWD_MASK_WINDOW) != 0;
     constexpr bool SEGMENTS = (MASK & BWD_MASK_SEGMENTS) != 0;
+    constexpr bool VARLEN = (MASK & MASK_VARLEN) != 0;
     constexpr int KV_BYTES = BLOCK_N * HEAD_DIM * 2, Q_BYTES = BLOCK_M * HEAD_DIM * 2;
     static_assert(HEAD_DIM == 64 || HEAD_DIM == 128, "dK and dV accumulate in registers: head_dim 64 or 128");
     static_assert(BLOCK_M == 64 || BLOCK_M == 128, "query tiles of 64 or 128 rows (a wgmma N)");
@@ -111,10 +112,28 @@ flash_bwd_dkdv_wgmma(const T* __restrict__ q, const T* __restrict__ k, const T* 
 
     const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, wg = warp >> 2;
     const int g = lane >> 2, t = lane & 3;
-    const int b = blockIdx.z;
+    int b = blockIdx.z;
     int nb, kvh;
     kv_block_coords(nb, kvh);
     const int kv_heads = gridDim.y;
+    if constexpr (VARLEN) {  // grid.x: every sequence's KV tiles; q_ids / kv_ids carry the cu_seqlens
+        int tile;
+        if (!varlen_tile<BLOCK_N>(kv_ids, batch, seq_kv, nb, b, tile)) return;
+        const VarlenSeq sq = varlen_seq(q_ids, b, seq_q), sk = varlen_seq(kv_ids, b, seq_kv);
+        nb = tile;
+        seq_q = sq.len;
+        seq_kv = sk.len;
+        q += (long long)sq.start * q_ss;
+        dout += (long long)sq.start * do_ss;
+        k += (long long)sk.start * k_ss;
+        v += (long long)sk.start * v_ss;
+        if constexpr (DQ) dq_accum += (long long)sq.start * heads * HEAD_DIM;
+        dk += (long long)sk.start * kv_heads * HEAD_DIM;
+        dv += (long long)sk.start * kv_heads * HEAD_DIM;
+        lse2 += varlen_pad_start(sq.start, b);  // seq_pad: the padded total, the head stride
+        dsum += varlen_pad_start(sq.start, b);
+        b = 0;
+    }
     const int n0 = nb * BLOCK_N;
     const int shift = seq_kv - seq_q;
 
@@ -281,7 +300,7 @@ flash_bwd_dkdv_wgmma_pair(const T* __restrict__ q, const T* __restrict__ k, cons
                           long long q_ss, long long q_sh, long long k_sb, long long k_ss, long long k_sh,
                           long long v_sb, long long v_ss, long long v_sh, long long do_sb, long long do_ss,
                           long long do_sh, int seq_q, int seq_kv, int seq_pad, int heads, int kv_group,
-                          int window_left, int window_right, float scale_log2, float scale) {
+                          int window_left, int window_right, float scale_log2, float scale, int batch) {
     constexpr int BLOCK_N = 64;
     constexpr int THREADS = 256;
     constexpr int MT = BLOCK_M / 8;        // 8-column (query) tiles of S^T
@@ -289,6 +308,7 @@ flash_bwd_dkdv_wgmma_pair(const T* __restrict__ q, const T* __restrict__ k, cons
     constexpr int HT = HALF / 8;
     constexpr bool WINDOW = (MASK & BWD_MASK_WINDOW) != 0;
     constexpr bool SEGMENTS = (MASK & BWD_MASK_SEGMENTS) != 0;
+    constexpr bool VARLEN = (MASK & MASK_VARLEN) != 0;
     constexpr int KV_BYTES = BLOCK_N * HEAD_DIM * 2, Q_BYTES = BLOCK_M * HEAD_DIM * 2;
     static_assert(HEAD_DIM == 256 && BLOCK_M == 64, "the pair kernel serves head dim 256 with 64-row query tiles");
 
@@ -304,10 +324,28 @@ flash_bwd_dkdv_wgmma_pair(const T* __restrict__ q, const T* __restrict__ k, cons
 
     const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, wg = warp >> 2, wtid = tid & 127;
     const int g = lane >> 2, t = lane & 3;
-    const int b = blockIdx.z;
+    int b = blockIdx.z;
     int nb, kvh;
     kv_block_coords(nb, kvh);
     const int kv_heads = gridDim.y;
+    if constexpr (VARLEN) {  // grid.x: every sequence's KV tiles; q_ids / kv_ids carry the cu_seqlens
+        int tile;
+        if (!varlen_tile<BLOCK_N>(kv_ids, batch, seq_kv, nb, b, tile)) return;
+        const VarlenSeq sq = varlen_seq(q_ids, b, seq_q), sk = varlen_seq(kv_ids, b, seq_kv);
+        nb = tile;
+        seq_q = sq.len;
+        seq_kv = sk.len;
+        q += (long long)sq.start * q_ss;
+        dout += (long long)sq.start * do_ss;
+        k += (long long)sk.start * k_ss;
+        v += (long long)sk.start * v_ss;
+        if constexpr (DQ) dq_accum += (long long)sq.start * heads * HEAD_DIM;
+        dk += (long long)sk.start * kv_heads * HEAD_DIM;
+        dv += (long long)sk.start * kv_heads * HEAD_DIM;
+        lse2 += varlen_pad_start(sq.start, b);  // seq_pad: the padded total, the head stride
+        dsum += varlen_pad_start(sq.start, b);
+        b = 0;
+    }
     const int n0 = nb * BLOCK_N;
     const int shift = seq_kv - seq_q;
 

@@ -22,6 +22,12 @@
 // [min, max] id range (from the tile_id_range pre-pass) misses the query tile's is skipped too. Element masks
 // run only on tiles that need them (window edges, the ragged last tile, mixed segments): the full-tile path is
 // a separate template instance of the tile step with no mask code.
+//
+// MASK_VARLEN (common.cuh): packed sequences, q [total_q, heads, HEAD_DIM] and k/v [total_kv, kv_heads, HEAD_DIM]
+// (batch strides unused), q_ids / kv_ids carrying cu_seqlens_q / cu_seqlens_k ([batch + 1]), seq_q / seq_kv
+// the totals and `batch` the sequence count; grid (total query tiles of all sequences (an upper bound), heads,
+// 1); o [total_q, heads, HEAD_DIM], lse [heads, total_q]; masks as above within each sequence (causal
+// bottom-right per sequence). Not combined with MASK_SEGMENTS.
 #include "common.cuh"
 
 namespace attn {
@@ -54,7 +60,7 @@ flash_fwd(const T* __restrict__ q, const T* __restrict__ k, const T* __restrict_
           const int2* __restrict__ q_tile_ids, const int2* __restrict__ kv_tile_ids, long long q_sb, long long q_ss,
           long long q_sh, long long k_sb, long long k_ss, long long k_sh, long long v_sb, long long v_ss,
           long long v_sh, int seq_q, int seq_kv, int heads, int kv_group, int window_left, int window_right,
-          float scale_log2) {
+          float scale_log2, int batch) {
     constexpr int THREADS = WARPS * 32;
     constexpr int CHUNKS = HEAD_DIM / 8;  // 16-byte chunks per row
     constexpr int NT = BLOCK_N / 8;       // 8-column tiles of S
@@ -64,6 +70,7 @@ flash_fwd(const T* __restrict__ q, const T* __restrict__ k, const T* __restrict_
     constexpr bool Q_IN_REGS = HEAD_DIM * MW <= 128;
     constexpr bool WINDOW = (MASK & MASK_WINDOW) != 0;
     constexpr bool SEGMENTS = (MASK & MASK_SEGMENTS) != 0;
+    constexpr bool VARLEN = (MASK & MASK_VARLEN) != 0;
     static_assert(BLOCK_M == 16 * WARPS * MW && (MW == 1 || MW == 2), "each warp owns 16 or 32 query rows");
     static_assert(BLOCK_N % 16 == 0 && HEAD_DIM % 64 == 0, "tile shape");
     static_assert((BLOCK_N * CHUNKS) % THREADS == 0 && (BLOCK_M * CHUNKS) % THREADS == 0, "copy split");
@@ -76,8 +83,24 @@ flash_fwd(const T* __restrict__ q, const T* __restrict__ k, const T* __restrict_
 
     const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
     const int g = lane >> 2, t = lane & 3;  // mma fragment row group / column pair
-    const int m_block = gridDim.x - 1 - blockIdx.x;
-    const int head = blockIdx.y, b = blockIdx.z;
+    int m_block = gridDim.x - 1 - blockIdx.x;
+    int b = blockIdx.z;
+    const int head = blockIdx.y;
+    float* lse_row = lse + ((long long)b * heads + head) * seq_q;
+    if constexpr (VARLEN) {  // grid.x: every sequence's query tiles; q_ids / kv_ids carry the cu_seqlens
+        int tile;
+        if (!varlen_tile<BLOCK_M>(q_ids, batch, seq_q, blockIdx.x, b, tile)) return;
+        const VarlenSeq sq = varlen_seq(q_ids, b, seq_q), sk = varlen_seq(kv_ids, b, seq_kv);
+        lse_row = lse + (long long)head * seq_q + sq.start;  // lse [heads, total_q]
+        seq_q = sq.len;
+        seq_kv = sk.len;
+        m_block = (seq_q + BLOCK_M - 1) / BLOCK_M - 1 - tile;  // a sequence's last (causal: heaviest) tile first
+        q += (long long)sq.start * q_ss;
+        k += (long long)sk.start * k_ss;
+        v += (long long)sk.start * v_ss;
+        o += (long long)sq.start * heads * HEAD_DIM;
+        b = 0;
+    }
     const int m0 = m_block * BLOCK_M;
     const int m_last = min(m0 + BLOCK_M, seq_q) - 1;
     const int shift = seq_kv - seq_q;  // query i sits at kv position i + shift
@@ -251,7 +274,6 @@ flash_fwd(const T* __restrict__ q, const T* __restrict__ k, const T* __restrict_
     // ---- epilogue: O / l through this warp's own Q rows in shared memory, then 16-byte stores; LSE
     T* sO = sQ;
     constexpr float LN2 = 0.6931471805599453f;
-    float* lse_row = lse + ((long long)b * heads + head) * seq_q;
 #pragma unroll
     for (int mi = 0; mi < MW; ++mi) {
 #pragma unroll

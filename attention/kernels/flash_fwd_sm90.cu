@@ -4,7 +4,7 @@
 //
 // Layout and arguments: as flash_fwd (q/k/v [batch, seq, heads, HEAD_DIM] with strided first dimensions, o
 // contiguous, lse float32 [batch, heads, seq_q], kv head = head / kv_group, the same MASK bits and tile-range
-// logic).
+// logic, MASK_VARLEN included).
 //
 // Grid: (ceil(seq_q / BLOCK_M), heads, batch), query tiles in reverse order. Block: WGS warpgroups of 128
 // threads; warpgroup w owns query rows [64 w, 64 w + 64) of the BLOCK_M = 64 WGS tile.
@@ -32,7 +32,7 @@ flash_fwd_wgmma(const T* __restrict__ q, const T* __restrict__ k, const T* __res
                 const int2* __restrict__ q_tile_ids, const int2* __restrict__ kv_tile_ids, long long q_sb,
                 long long q_ss, long long q_sh, long long k_sb, long long k_ss, long long k_sh, long long v_sb,
                 long long v_ss, long long v_sh, int seq_q, int seq_kv, int heads, int kv_group, int window_left,
-                int window_right, float scale_log2) {
+                int window_right, float scale_log2, int batch) {
     constexpr int BLOCK_M = 64 * WGS;
     constexpr int THREADS = 128 * WGS;
     constexpr int CHUNKS = HEAD_DIM / 8;  // 16-byte chunks per row
@@ -40,6 +40,7 @@ flash_fwd_wgmma(const T* __restrict__ q, const T* __restrict__ k, const T* __res
     constexpr int DT = HEAD_DIM / 8;      // 8-column tiles of O
     constexpr bool WINDOW = (MASK & 1) != 0;
     constexpr bool SEGMENTS = (MASK & 2) != 0;
+    constexpr bool VARLEN = (MASK & MASK_VARLEN) != 0;
     constexpr int Q_BYTES = BLOCK_M * HEAD_DIM * 2, KV_BYTES = BLOCK_N * HEAD_DIM * 2;
     static_assert(HEAD_DIM % 64 == 0 && (BLOCK_N == 64 || BLOCK_N == 128 || BLOCK_N == 256), "wgmma shapes");
     static_assert(HEAD_DIM <= 256, "O accumulates in one m64n{HEAD_DIM} wgmma");
@@ -52,8 +53,24 @@ flash_fwd_wgmma(const T* __restrict__ q, const T* __restrict__ k, const T* __res
 
     const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, wg = warp >> 2;
     const int g = lane >> 2, t = lane & 3;
-    const int m_block = gridDim.x - 1 - blockIdx.x;
-    const int head = blockIdx.y, b = blockIdx.z;
+    int m_block = gridDim.x - 1 - blockIdx.x;
+    int b = blockIdx.z;
+    const int head = blockIdx.y;
+    float* lse_row = lse + ((long long)b * heads + head) * seq_q;
+    if constexpr (VARLEN) {  // grid.x: every sequence's query tiles; q_ids / kv_ids carry the cu_seqlens
+        int tile;
+        if (!varlen_tile<BLOCK_M>(q_ids, batch, seq_q, blockIdx.x, b, tile)) return;
+        const VarlenSeq sq = varlen_seq(q_ids, b, seq_q), sk = varlen_seq(kv_ids, b, seq_kv);
+        lse_row = lse + (long long)head * seq_q + sq.start;  // lse [heads, total_q]
+        seq_q = sq.len;
+        seq_kv = sk.len;
+        m_block = (seq_q + BLOCK_M - 1) / BLOCK_M - 1 - tile;  // a sequence's last (causal: heaviest) tile first
+        q += (long long)sq.start * q_ss;
+        k += (long long)sk.start * k_ss;
+        v += (long long)sk.start * v_ss;
+        o += (long long)sq.start * heads * HEAD_DIM;
+        b = 0;
+    }
     const int m0 = m_block * BLOCK_M;
     const int m_last = min(m0 + BLOCK_M, seq_q) - 1;
     const int shift = seq_kv - seq_q;
@@ -133,7 +150,6 @@ flash_fwd_wgmma(const T* __restrict__ q, const T* __restrict__ k, const T* __res
     // ---- epilogue: O / l staged row-major (swizzled, common.cuh) in Q's space, then 16-byte stores; LSE
     T* sO = reinterpret_cast<T*>(smem);
     constexpr float LN2 = 0.6931471805599453f;
-    float* lse_row = lse + ((long long)b * heads + head) * seq_q;
 #pragma unroll
     for (int h = 0; h < 2; ++h) {
         const float l = quad_sum(row_sum[h]);
