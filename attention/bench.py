@@ -163,17 +163,6 @@ def _naive_supports(case: bench.Case) -> str | None:
     return None
 
 
-@functools.cache
-def _torch_missing() -> str | None:
-    try:
-        import torch  # noqa: F401
-    except ImportError:
-        return "torch is not installed (pip install 'cukernels[torch]')"
-    import torch
-
-    if not torch.cuda.is_available():
-        return "torch sees no CUDA device"
-    return None
 
 
 def _torch_supports(case: bench.Case) -> str | None:
@@ -223,7 +212,7 @@ def _torch_sdpa(backend_name: str):
 
 def _impls(args) -> list[bench.Impl]:
     torch_impls = [
-        bench.Impl(name=name, prepare=_torch_sdpa(backend), baseline=True, unavailable=_torch_missing,
+        bench.Impl(name=name, prepare=_torch_sdpa(backend), baseline=True, unavailable=bench.torch_unavailable,
                    supports=_torch_supports)
         for name, backend in (("torch-flash", "FLASH_ATTENTION"), ("torch-cudnn", "CUDNN_ATTENTION"),
                               ("torch-efficient", "EFFICIENT_ATTENTION"))

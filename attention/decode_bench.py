@@ -151,22 +151,15 @@ def _torch(backend_name: str):
     return prepare
 
 
-@functools.cache
-def _torch_missing() -> str | None:
-    try:
-        import torch
-    except ImportError:
-        return "torch is not installed (pip install 'cukernels[torch]')"
-    return None if torch.cuda.is_available() else "torch sees no CUDA device"
 
 
 def impls(args) -> list[bench.Impl]:
     return [bench.Impl(name="ours", prepare=_ours(None), supports=_fits),
             *[bench.Impl(name=f"ours-paged{p}", prepare=_ours(p), supports=_fits) for p in PAGES],
             bench.Impl(name="torch-flash", prepare=_torch("FLASH_ATTENTION"), baseline=True,
-                       unavailable=_torch_missing, supports=_fits),
+                       unavailable=bench.torch_unavailable, supports=_fits),
             bench.Impl(name="torch-cudnn", prepare=_torch("CUDNN_ATTENTION"), baseline=True,
-                       unavailable=_torch_missing, supports=_fits)]
+                       unavailable=bench.torch_unavailable, supports=_fits)]
 
 
 def _problem(case: bench.Case, paged: bool = False) -> DecodeProblem:

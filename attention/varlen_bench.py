@@ -7,9 +7,9 @@ padded SDPA.
 Cases (causal, bf16 unless --dtype): 64 sequences whose lengths are drawn log-uniformly between 1 and 8192 and
 scaled to 131,072 tokens in all (fixed seed, so every run has the same lengths), at 16 heads d128, 32/8 heads
 d128 (GQA), 16 heads d64 and 8 heads d256; and 64 sequences of exactly 2048 tokens (the same total), where padding
-costs nothing: the dense forward's throughput on equal total tokens, for the packed rows to be compared against. Causal, because a
-right-padded batch computes each real row exactly under a causal mask (its keys end before the padding), so every
-row of the table computes the same function.
+costs nothing: the dense forward's throughput on equal total tokens, for the packed rows to be compared against.
+Causal, because a right-padded batch computes each real row exactly under a causal mask (its keys end before the
+padding), so every row of the table computes the same function.
 
 FLOPs are the useful ones of the real sequences (4 d h per visible query-key pair, 2.5x that for the backward),
 for every row: a padded row's TFLOP/s is what its time buys of the real work. Ours runs with
@@ -220,22 +220,15 @@ def _torch(backend_name: str):
     return prepare
 
 
-@functools.cache
-def _torch_missing() -> str | None:
-    try:
-        import torch
-    except ImportError:
-        return "torch is not installed (pip install 'cukernels[torch]')"
-    return None if torch.cuda.is_available() else "torch sees no CUDA device"
 
 
 def impls(args) -> list[bench.Impl]:
     return [bench.Impl(name="ours", prepare=_ours_packed),
             bench.Impl(name="ours-padded", prepare=_ours_padded),
             bench.Impl(name="torch-flash", prepare=_torch("FLASH_ATTENTION"), baseline=True,
-                       unavailable=_torch_missing),
+                       unavailable=bench.torch_unavailable),
             bench.Impl(name="torch-cudnn", prepare=_torch("CUDNN_ATTENTION"), baseline=True,
-                       unavailable=_torch_missing)]
+                       unavailable=bench.torch_unavailable)]
 
 
 def _problem(case: bench.Case) -> FwdProblem:
@@ -265,7 +258,8 @@ def plan_rows(cases_: list[bench.Case], spec: device.DeviceSpec, with_compile: b
                 exprs = plan.config.name_expressions(dtype=dt, mask=problem.mask)
             else:
                 exprs = {plan.config.source: [plan.config.name_expression(dtype=dt, mask=problem.mask)]}
-            res = [r for src, ex in exprs.items() for r in compile.compile_offline(KERNELS / src, ex, spec.arch).values()]
+            res = [r for src, ex in exprs.items()
+                   for r in compile.compile_offline(KERNELS / src, ex, spec.arch).values()]
             row.update({"regs": "/".join(str(r.registers) for r in res), "spill B": sum(r.spills for r in res)})
         rows.append(row)
     return rows

@@ -33,6 +33,7 @@ spread as its noise (``rel_noise``; ``round_medians_ms`` and ``round_noise`` kee
 from __future__ import annotations
 
 import dataclasses
+import functools
 import math
 import sys
 import time
@@ -138,6 +139,18 @@ def peak_memory(fn: Callable[[], Any]) -> int:
     if pool.used_bytes():  # something the call cached lives in this pool: keep the pool alive
         _MEASURING_POOLS.append(pool)
     return int(peak + torch_peak)
+
+
+@functools.cache
+def torch_unavailable() -> str | None:
+    """Why torch baselines cannot run here (not installed, or no CUDA device for it), or None."""
+    try:
+        import torch
+    except ImportError:
+        return "torch is not installed (pip install 'cukernels[torch]')"
+    if not torch.cuda.is_available():
+        return "torch sees no CUDA device"
+    return None
 
 
 def torch_on_cupy_stream():

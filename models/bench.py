@@ -29,7 +29,7 @@ from pathlib import Path
 
 from tabulate import tabulate
 
-from cukernels import cli, device, environment, score, timing
+from cukernels import bench, cli, device, environment, score, timing
 
 from . import configs
 from .layers import SECTIONS, OursModel, SectionTimer, TorchModel, init_weights
@@ -124,14 +124,6 @@ def list_models() -> int:
     return cli.EXIT_OK
 
 
-def torch_missing() -> str | None:
-    try:
-        import torch
-    except ImportError:
-        return "PyTorch is not installed"
-    if not torch.cuda.is_available():
-        return "torch sees no CUDA device"
-    return None
 
 
 # ---------------------------------------------------------------- expected rows
@@ -382,7 +374,7 @@ def main(argv=None) -> int:
         return cli.usage_error(PROG, exc)
     if not device.gpu_available():
         return cli.no_gpu(PROG, f"Without one: `{PROG} --list` shows the models, their assumptions and cases.")
-    missing = torch_missing()
+    missing = bench.torch_unavailable()
     if missing:  # like moe.bench's torch baselines, a missing torch is not a failure: nothing runs, exit 0
         print(f"{PROG}: {missing}: the models run on torch tensors and their baselines are torch. Install the "
               "extra: python -m pip install -e \".[torch]\"", file=sys.stderr)

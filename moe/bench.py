@@ -295,14 +295,6 @@ def _ours(case: bench.Case, inputs):
     return lambda: dispatch.combine(inputs.expert_out, inputs.dispatch, inputs.routing)
 
 
-def _torch_unavailable() -> str | None:
-    try:
-        import torch
-    except ImportError:
-        return "torch is not importable (pip install torch for the baseline)"
-    if not torch.cuda.is_available():
-        return "torch sees no CUDA device"
-    return None
 
 
 def _torch(case: bench.Case, inputs):
@@ -375,7 +367,7 @@ def _cublas(case: bench.Case, inputs):
 def _cublas_supports(case: bench.Case) -> str | None:
     if case.params["kind"] != "gemm":
         return "cuBLAS is the baseline of the grouped GEMM cases"
-    if case.params["dtype"] == "bf16" and _torch_unavailable():
+    if case.params["dtype"] == "bf16" and bench.torch_unavailable():
         return "bf16 cuBLAS needs torch (CuPy has no bf16 dtype)"
     return None
 
@@ -427,7 +419,7 @@ def _only(kinds, why):
 
 
 def _grouped_mm_missing() -> str | None:
-    missing = _torch_unavailable()
+    missing = bench.torch_unavailable()
     if missing:
         return missing
     import torch
@@ -439,11 +431,11 @@ def impls(args) -> list[bench.Impl]:
     pieces = (*_ROUTING, "gather", "combine")
     return [
         bench.Impl(name="ours", prepare=_ours),
-        bench.Impl(name="torch", prepare=_torch, baseline=True, unavailable=_torch_unavailable, supports=_only(pieces, "the torch pipeline covers routing, "
-                                                                  "gather and combine")),
+        bench.Impl(name="torch", prepare=_torch, baseline=True, unavailable=bench.torch_unavailable,
+                   supports=_only(pieces, "the torch pipeline covers routing, gather and combine")),
         bench.Impl(name="cublas", prepare=_cublas, baseline=True, supports=_cublas_supports),
         bench.Impl(name="torch-loop", prepare=_torch_layer(grouped=False), baseline=True,
-                   unavailable=_torch_unavailable,
+                   unavailable=bench.torch_unavailable,
                    supports=_only(("layer",), "a layer baseline")),
         bench.Impl(name="torch-grouped", prepare=_torch_layer(grouped=True), baseline=True,
                    unavailable=_grouped_mm_missing,

@@ -24,8 +24,8 @@ def snippets() -> list[str]:
 def test_readme_has_the_usage_snippets():
     found = snippets()
     assert len(found) >= 4
-    for name in ("flash_attention(", "attention.torch", "flash_attention_with_kvcache(", "MoELayer(", "capture(",
-                 "route("):
+    for name in ("flash_attention(", "attention.torch", "flash_attention_with_kvcache(", "flash_attention_varlen(",
+                 "MoELayer(", "capture(", "route("):
         assert any(name in s for s in found), name
 
 
@@ -51,6 +51,18 @@ def test_readme_snippets_run_and_compute_the_right_thing(capsys):
     checks.compare(c(ns["o"]), ref, tol=checks.Tolerance(atol=8e-3, rtol=2e-2), name="kvcache o").raise_if_failed()
     # the torch snippet's gradients exist and are finite
     assert all(bool(torch.isfinite(x.grad).all()) for x in (ns["k"], ns["v"]))
+    # the packed snippet: each sequence against the dense reference, gradients finite
+    from attention import attention_reference
+
+    cu = ns["cu"].tolist()
+    for b in range(len(cu) - 1):
+        if cu[b + 1] > cu[b]:
+            rows = slice(cu[b], cu[b + 1])
+            ref = attention_reference(*(c(ns[n][rows])[None] for n in ("q_packed", "k_packed", "v_packed")),
+                                      causal=True)[0]
+            checks.compare(c(ns["o_packed"][rows]), ref, tol=checks.Tolerance(atol=8e-3, rtol=2e-2),
+                           name=f"varlen o[{b}]").raise_if_failed()
+    assert all(bool(torch.isfinite(ns[n].grad).all()) for n in ("q_packed", "k_packed", "v_packed"))
     # the MoE layer: eager and captured outputs equal, and against the float64 reference
     x = ns["x"]
     eager = ns["layer"](x)

@@ -229,8 +229,9 @@ __device__ __forceinline__ VarlenSeq varlen_seq(const int* __restrict__ cu, int 
     return {start, min(max(__ldg(cu + b + 1), start), total) - start};
 }
 
-// Tile t of all sequences' tiles of BLOCK rows (rows clamped to [0, total)) (sequence 0's first) -> (b, tile within sequence b); false when t
-// is past the last tile. A warp-wide scan over 32 sequences per step: every lane of the warp must call it.
+// Tile t of all sequences' tiles of BLOCK rows (sequence 0's first; rows clamped to [0, total)) -> (b, tile
+// within sequence b); false when t is past the last tile. A warp-wide scan over 32 sequences per step: every lane
+// of the warp must call it.
 template <int BLOCK>
 __device__ __forceinline__ bool varlen_tile(const int* __restrict__ cu, int batch, int total, int t, int& b,
                                             int& tile) {
@@ -254,6 +255,33 @@ __device__ __forceinline__ bool varlen_tile(const int* __restrict__ cu, int batc
         base += __shfl_sync(0xffffffffu, incl, 31);
     }
     return false;
+}
+
+// The MASK_VARLEN prologue of a forward-like CTA (one query tile, walking KV tiles): query tile blockIdx.x of all
+// sequences' BLOCK_M-row tiles -> its sequence; q, k, v and o move to the sequence's first rows, lse_row to its
+// row of lse [heads, total_q], seq_q / seq_kv become its lengths, m_block its tile (a sequence's last, under a
+// causal mask the heaviest, first) and b 0. False past the last tile: the CTA has no work.
+template <int BLOCK_M, int HEAD_DIM, typename T>
+__device__ __forceinline__ bool varlen_enter_query_tile(const int* __restrict__ cu_q, const int* __restrict__ cu_kv,
+                                                        int batch, int heads, int head, int& b, int& m_block,
+                                                        int& seq_q, int& seq_kv, const T* __restrict__& q,
+                                                        const T* __restrict__& k, const T* __restrict__& v,
+                                                        T* __restrict__& o, float*& lse_row,
+                                                        float* __restrict__ lse, long long q_ss, long long k_ss,
+                                                        long long v_ss) {
+    int tile;
+    if (!varlen_tile<BLOCK_M>(cu_q, batch, seq_q, blockIdx.x, b, tile)) return false;
+    const VarlenSeq sq = varlen_seq(cu_q, b, seq_q), sk = varlen_seq(cu_kv, b, seq_kv);
+    lse_row = lse + (long long)head * seq_q + sq.start;
+    seq_q = sq.len;
+    seq_kv = sk.len;
+    m_block = (seq_q + BLOCK_M - 1) / BLOCK_M - 1 - tile;
+    q += (long long)sq.start * q_ss;
+    k += (long long)sk.start * k_ss;
+    v += (long long)sk.start * v_ss;
+    o += (long long)sq.start * heads * HEAD_DIM;
+    b = 0;
+    return true;
 }
 
 // ---------------------------------------------------------------- which KV tiles a query tile sees

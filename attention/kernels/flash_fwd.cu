@@ -87,20 +87,10 @@ flash_fwd(const T* __restrict__ q, const T* __restrict__ k, const T* __restrict_
     int b = blockIdx.z;
     const int head = blockIdx.y;
     float* lse_row = lse + ((long long)b * heads + head) * seq_q;
-    if constexpr (VARLEN) {  // grid.x: every sequence's query tiles; q_ids / kv_ids carry the cu_seqlens
-        int tile;
-        if (!varlen_tile<BLOCK_M>(q_ids, batch, seq_q, blockIdx.x, b, tile)) return;
-        const VarlenSeq sq = varlen_seq(q_ids, b, seq_q), sk = varlen_seq(kv_ids, b, seq_kv);
-        lse_row = lse + (long long)head * seq_q + sq.start;  // lse [heads, total_q]
-        seq_q = sq.len;
-        seq_kv = sk.len;
-        m_block = (seq_q + BLOCK_M - 1) / BLOCK_M - 1 - tile;  // a sequence's last (causal: heaviest) tile first
-        q += (long long)sq.start * q_ss;
-        k += (long long)sk.start * k_ss;
-        v += (long long)sk.start * v_ss;
-        o += (long long)sq.start * heads * HEAD_DIM;
-        b = 0;
-    }
+    if constexpr (VARLEN)  // grid.x: every sequence's query tiles; q_ids / kv_ids carry the cu_seqlens
+        if (!varlen_enter_query_tile<BLOCK_M, HEAD_DIM>(q_ids, kv_ids, batch, heads, head, b, m_block, seq_q, seq_kv,
+                                                         q, k, v, o, lse_row, lse, q_ss, k_ss, v_ss))
+            return;
     const int m0 = m_block * BLOCK_M;
     const int m_last = min(m0 + BLOCK_M, seq_q) - 1;
     const int shift = seq_kv - seq_q;  // query i sits at kv position i + shift
