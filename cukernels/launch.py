@@ -30,6 +30,8 @@ from typing import Any, Callable, Sequence
 
 import numpy as np
 
+from .tma import TensorMap
+
 # numpy scalar types of constant kernel arguments -> their struct format in an 8-byte parameter slot
 _SLOT_FORMATS = {np.int32: "<i", np.uint32: "<I", np.int64: "<q", np.uint64: "<Q", np.float32: "<f",
                  np.float64: "<d"}
@@ -52,12 +54,12 @@ class Launcher:
     """One kernel launch with everything but the pointers and the stream fixed.
 
     ``args`` lists the kernel's parameters in order: ``Ptr(i)`` for the call's i-th pointer, a NumPy scalar
-    (``np.int32``, ``np.int64``, ``np.float32``, ``np.uint64`` ...) for a constant, or an int for a constant
-    pointer. Every parameter gets an 8-byte slot (each is at most 8 bytes and cuLaunchKernel reads each
+    (``np.int32``, ``np.int64``, ``np.float32``, ``np.uint64`` ...) for a constant, an int for a constant
+    pointer, or a ``tma.TensorMap`` (bound to its call pointer at each launch). Every parameter gets an 8-byte slot (each is at most 8 bytes and cuLaunchKernel reads each
     through its own address), so a pointer is set with one ctypes store. The buffer is shared by the callers
     of a launcher, hence the lock; cuLaunchKernel copies the values before it returns (a graph capture too)."""
 
-    __slots__ = ("name", "_fn", "_dims", "_slots", "_params_addr", "_ptr_slots", "_lock", "_keep")
+    __slots__ = ("name", "_fn", "_dims", "_slots", "_params_addr", "_ptr_slots", "_maps", "_lock", "_keep")
 
     def __init__(self, kernel, grid: Sequence[int], block: Sequence[int], args: Sequence[Any], *, smem: int = 0):
         kernel.reserve_smem(smem)
@@ -73,10 +75,13 @@ class Launcher:
         params = (ctypes.c_void_p * max(n, 1))(*(base + 8 * i for i in range(n)))
         self._params_addr = ctypes.addressof(params)
         self._keep = params
-        ptr_slots = []
+        ptr_slots, maps = [], []
         for i, a in enumerate(args):
             if isinstance(a, Ptr):
                 ptr_slots.append((i, a.index, a.offset))
+            elif isinstance(a, TensorMap):  # a 128-byte parameter: its slot points at the map's own buffer
+                params[i] = a.address
+                maps.append(a)
             elif isinstance(a, (int, np.integer)) and type(a) in (int, np.uintp, np.uint64):
                 self._slots[i] = int(a)
             else:
@@ -86,6 +91,7 @@ class Launcher:
                                     f"scalars of {', '.join(t.__name__ for t in _SLOT_FORMATS)} or int pointers")
                 struct.pack_into(fmt, self._slots, 8 * i, a)
         self._ptr_slots = tuple(ptr_slots)
+        self._maps = tuple(maps)
         self._lock = threading.Lock()
 
     def launch(self, stream: int, ptrs: Sequence[int]) -> None:
@@ -94,6 +100,8 @@ class Launcher:
         with self._lock:
             for slot, index, offset in self._ptr_slots:
                 slots[slot] = ptrs[index] + offset
+            for m in self._maps:  # re-encoded only when the call's pointer moved (cuLaunchKernel copies it)
+                m.bind(ptrs[m.index])
             _launch_kernel(self._fn, gx, gy, gz, bx, by, bz, smem, stream, self._params_addr, 0)
 
 

@@ -1,0 +1,100 @@
+// Hopper (sm_90a) tensor memory accelerator and mbarriers for every op package: bulk tensor copies described by
+// a tensor map (encoded on the host by cukernels/tma.py, passed as a `const __grid_constant__ TensorMap`
+// parameter), and the shared-memory barriers that count their bytes.
+//
+// Pattern: one thread initialises an mbarrier (arrival count 1) and fences the init; per stage, one thread
+// arrives with the stage's expected byte count and issues the loads that complete on that barrier; consumers
+// wait on the barrier's phase parity (0, 1, 0, ... per reuse). A TMA store reads shared memory through the async
+// proxy, so threads that wrote it fence first (fence_proxy_async_shared) and one thread issues the store and waits
+// for its reads before the buffer is reused.
+#pragma once
+
+namespace tma {
+
+// The 128-byte CUtensorMap, opaque: what cuTensorMapEncodeTiled wrote, passed by value in the parameter space.
+struct alignas(64) TensorMap {
+    unsigned long long opaque[16];
+};
+
+__device__ __forceinline__ unsigned long long map_addr(const TensorMap& map) {
+    return reinterpret_cast<unsigned long long>(&map);
+}
+
+__device__ __forceinline__ unsigned smem_u32(const void* p) {
+    return static_cast<unsigned>(__cvta_generic_to_shared(p));
+}
+
+// Pull the descriptor into the TMA unit's cache ahead of the first copy (one thread).
+__device__ __forceinline__ void prefetch_map(const TensorMap& map) {
+    asm volatile("prefetch.tensormap [%0];" ::"l"(map_addr(map)) : "memory");
+}
+
+// ---------------------------------------------------------------- mbarriers (64-bit, in shared memory)
+
+__device__ __forceinline__ void mbar_init(unsigned bar, unsigned arrivals) {
+    asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;" ::"r"(bar), "r"(arrivals) : "memory");
+}
+
+// Makes barrier inits visible to the async proxy (the TMA unit) before any copy signals them.
+__device__ __forceinline__ void fence_mbar_init() {
+    asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
+}
+
+// One arrival that also announces `bytes` of transactions the phase must see before it completes.
+__device__ __forceinline__ void mbar_arrive_expect_tx(unsigned bar, unsigned bytes) {
+    asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" ::"r"(bar), "r"(bytes) : "memory");
+}
+
+__device__ __forceinline__ void mbar_arrive(unsigned bar) {
+    asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];" ::"r"(bar) : "memory");
+}
+
+// Spins until the phase with parity `phase` has completed.
+__device__ __forceinline__ void mbar_wait(unsigned bar, unsigned phase) {
+    asm volatile(
+        "{\n"
+        ".reg .pred done;\n"
+        "wait_%=:\n"
+        "mbarrier.try_wait.parity.shared::cta.b64 done, [%0], %1;\n"
+        "@!done bra wait_%=;\n"
+        "}\n" ::"r"(bar),
+        "r"(phase)
+        : "memory");
+}
+
+// ---------------------------------------------------------------- bulk tensor copies
+
+// The box at element coordinates (x innermost, y) of the map -> shared memory at dst; completes `bar`'s
+// transaction count with the box's bytes (out-of-bounds elements are zero-filled and still counted).
+__device__ __forceinline__ void load_2d(unsigned dst, const TensorMap& map, unsigned bar, int x, int y) {
+    asm volatile(
+        "cp.async.bulk.tensor.2d.shared::cluster.global.tile.mbarrier::complete_tx::bytes [%0], [%1, {%3, %4}], [%2];"
+        ::"r"(dst), "l"(map_addr(map)), "r"(bar), "r"(x), "r"(y)
+        : "memory");
+}
+
+__device__ __forceinline__ void load_3d(unsigned dst, const TensorMap& map, unsigned bar, int x, int y, int z) {
+    asm volatile(
+        "cp.async.bulk.tensor.3d.shared::cluster.global.tile.mbarrier::complete_tx::bytes [%0], [%1, {%3, %4, %5}], "
+        "[%2];" ::"r"(dst), "l"(map_addr(map)), "r"(bar), "r"(x), "r"(y), "r"(z)
+        : "memory");
+}
+
+// Shared memory at src -> the box at (x, y) of the map (elements outside the tensor are not written).
+__device__ __forceinline__ void store_2d(const TensorMap& map, unsigned src, int x, int y) {
+    asm volatile("cp.async.bulk.tensor.2d.global.shared::cta.bulk_group [%0, {%2, %3}], [%1];"
+                 ::"l"(map_addr(map)), "r"(src), "r"(x), "r"(y)
+                 : "memory");
+}
+
+__device__ __forceinline__ void store_commit() { asm volatile("cp.async.bulk.commit_group;" ::: "memory"); }
+
+// Waits until the committed stores have read their shared memory (it may be reused after this).
+__device__ __forceinline__ void store_wait_read() { asm volatile("cp.async.bulk.wait_group.read 0;" ::: "memory"); }
+
+// Orders this thread's generic-proxy shared-memory writes before async-proxy reads (a TMA store, wgmma).
+__device__ __forceinline__ void fence_proxy_async_shared() {
+    asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
+}
+
+}  // namespace tma

@@ -1,0 +1,143 @@
+"""Tensor maps for Hopper's tensor memory accelerator (TMA): ``cuTensorMapEncodeTiled`` through NVIDIA's
+``cuda-bindings`` package (the ``hopper`` extra: ``pip install 'cukernels[hopper]'``), held as kernel parameters.
+
+A kernel takes a map by value as ``const __grid_constant__ tma::TensorMap`` (cukernels/kernels/tma.cuh). A
+``TensorMap`` here is that parameter: 128 bytes at a 64-byte-aligned address, which ``launch.Launcher`` points its
+parameter slot at. Everything but the base address is fixed when the map is made (element type, sizes, strides,
+box, swizzle); the base address comes from the call: ``bind(address)`` re-encodes only when it differs from the
+last one, so a cached launcher whose inputs come back at the same address (a training step, a captured graph)
+never encodes twice.
+
+Validation happens when the map is made, with the rules of the driver's documentation (rank 1-5, a 16-byte
+aligned base, strides multiples of 16 bytes, box sides 1-256, an inner box of a multiple of 16 bytes no wider than
+the swizzle span), so a bad layout is a clear ``ValueError`` here, not an opaque CUresult at the first launch.
+"""
+from __future__ import annotations
+
+import ctypes
+import functools
+
+import numpy as np
+
+SWIZZLES = (0, 32, 64, 128)  # bytes of the swizzle span; 0 = none
+
+
+@functools.cache
+def _driver():
+    try:
+        from cuda.bindings import driver
+    except ImportError as exc:
+        raise ImportError("TMA tensor maps need NVIDIA's cuda-bindings package: pip install 'cukernels[hopper]' "
+                          "(or pip install cuda-bindings)") from exc
+    return driver
+
+
+def available() -> str | None:
+    """Why tensor maps cannot be encoded here (no cuda-bindings), or None."""
+    try:
+        _driver()
+    except ImportError as exc:
+        return str(exc)
+    return None
+
+
+_DTYPES = {  # element size -> the driver's data type used for bit copies of that size
+    1: "CU_TENSOR_MAP_DATA_TYPE_UINT8",
+    2: "CU_TENSOR_MAP_DATA_TYPE_UINT16",
+    4: "CU_TENSOR_MAP_DATA_TYPE_UINT32",
+    8: "CU_TENSOR_MAP_DATA_TYPE_UINT64",
+}
+_FLOAT_DTYPES = {"float16": "CU_TENSOR_MAP_DATA_TYPE_FLOAT16", "bfloat16": "CU_TENSOR_MAP_DATA_TYPE_BFLOAT16",
+                 "float32": "CU_TENSOR_MAP_DATA_TYPE_FLOAT32"}
+
+
+class TensorMap:
+    """A tiled tensor map over ``dims`` elements (innermost first, as the driver counts them), ``strides`` bytes
+    between consecutive rows of each outer dimension (len(dims) - 1 values), a ``box`` of elements per copy, the
+    shared-memory ``swizzle`` span in bytes (0, 32, 64, 128). ``dtype``: an element size in bytes (1, 2, 4, 8: the
+    data are copied as bits) or "float16" / "bfloat16" / "float32". ``index``/``offset``: the call pointer the
+    base address comes from (``launch.Launcher`` binds it at each launch), plus a byte offset."""
+
+    __slots__ = ("dims", "strides", "box", "swizzle", "dtype", "index", "offset", "_buf", "address", "_bound",
+                 "_args")
+
+    def __init__(self, dtype, dims, strides, box, *, swizzle: int = 128, index: int = 0, offset: int = 0):
+        self.dims, self.strides, self.box = (tuple(int(v) for v in x) for x in (dims, strides, box))
+        self.swizzle, self.dtype, self.index, self.offset = int(swizzle), dtype, int(index), int(offset)
+        self._check()
+        self._buf = (ctypes.c_uint8 * (128 + 63))()
+        self.address = (ctypes.addressof(self._buf) + 63) & ~63  # what the kernel parameter slot points at
+        self._bound = None
+        self._args = None
+
+    def _check(self) -> None:
+        rank = len(self.dims)
+        if not 1 <= rank <= 5:
+            raise ValueError(f"a tensor map has 1 to 5 dimensions, got dims {self.dims}")
+        if len(self.strides) != rank - 1:
+            raise ValueError(f"strides: {rank - 1} values (bytes between rows of each outer dimension) for dims "
+                             f"{self.dims}, got {self.strides}")
+        if len(self.box) != rank:
+            raise ValueError(f"box: one value per dimension ({rank}), got {self.box}")
+        if isinstance(self.dtype, str):
+            if self.dtype not in _FLOAT_DTYPES:
+                raise ValueError(f"dtype must be one of {sorted(_FLOAT_DTYPES)} or an element size, got "
+                                 f"{self.dtype!r}")
+        elif self.dtype not in _DTYPES:
+            raise ValueError(f"element size must be one of {sorted(_DTYPES)} bytes, got {self.dtype!r}")
+        size = self._elem_size()
+        if any(d < 1 or d > 2**32 for d in self.dims):
+            raise ValueError(f"dims must be 1..2**32 elements each, got {self.dims}")
+        if any(s % 16 or s <= 0 or s >= 2**40 for s in self.strides):
+            raise ValueError(f"strides must be positive multiples of 16 bytes below 2**40, got {self.strides}")
+        if any(b < 1 or b > 256 for b in self.box):
+            raise ValueError(f"box sides must be 1..256 elements, got {self.box}")
+        inner = self.box[0] * size
+        if inner % 16:
+            raise ValueError(f"the box's inner side must be a multiple of 16 bytes, got {self.box[0]} x {size} B")
+        if self.swizzle not in SWIZZLES:
+            raise ValueError(f"swizzle must be one of {SWIZZLES} (bytes), got {self.swizzle}")
+        if self.swizzle and inner > self.swizzle:
+            raise ValueError(f"with a {self.swizzle}-byte swizzle the box's inner side is at most {self.swizzle} "
+                             f"bytes, got {inner}")
+
+    def __repr__(self) -> str:
+        return (f"TensorMap(dtype={self.dtype!r}, dims={self.dims}, strides={self.strides}, box={self.box}, "
+                f"swizzle={self.swizzle})")
+
+    @property
+    def box_bytes(self) -> int:
+        """Bytes one copy moves (the mbarrier transaction count of a load)."""
+        return int(np.prod(self.box)) * self._elem_size()
+
+    def _elem_size(self) -> int:
+        return {"float16": 2, "bfloat16": 2, "float32": 4}[self.dtype] if isinstance(self.dtype, str) else self.dtype
+
+    def _encode_args(self):
+        d = _driver()
+        u64, u32 = d.cuuint64_t, d.cuuint32_t
+        name = _FLOAT_DTYPES[self.dtype] if isinstance(self.dtype, str) else _DTYPES[self.dtype]
+        swz = {0: "NONE", 32: "32B", 64: "64B", 128: "128B"}[self.swizzle]
+        return (getattr(d.CUtensorMapDataType, name), len(self.dims), [u64(v) for v in self.dims],
+                [u64(v) for v in self.strides], [u32(v) for v in self.box], [u32(1)] * len(self.dims),
+                d.CUtensorMapInterleave.CU_TENSOR_MAP_INTERLEAVE_NONE,
+                getattr(d.CUtensorMapSwizzle, f"CU_TENSOR_MAP_SWIZZLE_{swz}"),
+                d.CUtensorMapL2promotion.CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
+                d.CUtensorMapFloatOOBfill.CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE)
+
+    def bind(self, address: int) -> None:
+        """Encode the map for base ``address`` into the parameter buffer (nothing to do if already there)."""
+        address = int(address) + self.offset
+        if address == self._bound:
+            return
+        if address % 16:
+            raise ValueError(f"a tensor map's base address must be 16-byte aligned, got {address:#x} ({self})")
+        if self._args is None:
+            self._args = self._encode_args()
+        d = _driver()
+        a = self._args
+        err, m = d.cuTensorMapEncodeTiled(a[0], a[1], address, *a[2:])
+        if err != d.CUresult.CUDA_SUCCESS:
+            raise RuntimeError(f"cuTensorMapEncodeTiled failed with {err!r} for {self} at {address:#x}")
+        ctypes.memmove(self.address, m.getPtr(), 128)  # the encoded CUtensorMap struct, as the driver wrote it
+        self._bound = address
