@@ -85,7 +85,7 @@ class BackwardCall:
         with cupy.cuda.Device(self.device):
             spec = _device.current()
             if plan is None:
-                plan = plan_backward(problem, spec)
+                plan = plan_backward(problem, spec, deterministic=bool(deterministic))
             cfg: BwdConfig = plan.config
             if not isinstance(cfg, BwdConfig) or cfg.head_dim != problem.head_dim:
                 raise ValueError(f"plan must hold a BwdConfig for head_dim {problem.head_dim}, got {cfg}")

@@ -205,16 +205,19 @@ def search_space(head_dim: int) -> list[BwdConfig]:
                for m, n, w, s, qm, qn in _CANDIDATES[head_dim]])
 
 
-def plan_backward(problem: FwdProblem, spec: DeviceSpec) -> tiling.Plan:
+def plan_backward(problem: FwdProblem, spec: DeviceSpec, *, deterministic: bool = False) -> tiling.Plan:
     """The backward config for ``problem`` on ``spec``: a profile override (``[overrides."attention.bwd".
-    head_dim_128]``) if there is one, else the first candidate whose shared memory fits the device."""
+    head_dim_128]``) if there is one, else the first candidate whose shared memory fits the device.
+    ``deterministic`` skips the tuned cache: its entries were timed with dQ atomics (the dK/dV kernel's ``dq``
+    instance), while a deterministic call runs the separate dQ kernel, which tuning never timed."""
     if tuple(spec.compute_capability) < MIN_COMPUTE_CAPABILITY:
         cc = "%d.%d" % tuple(spec.compute_capability)
         raise tiling.PlanError(f"flash attention backward needs compute capability 8.0+ (cp.async, mma.sync "
                                f"m16n8k16); {spec.name} is {cc}")
     if problem.head_dim not in HEAD_DIMS:
         raise tiling.PlanError(f"head_dim must be one of {HEAD_DIMS}, got {problem.head_dim}")
-    tuned = tune.lookup(OP, problem, spec, files=tune_files(), types=(BwdConfig, BwdWgmmaConfig))
+    tuned = None if deterministic else tune.lookup(OP, problem, spec, files=tune_files(),
+                                                   types=(BwdConfig, BwdWgmmaConfig))
     if tuned is not None:  # tuned on this GPU (--tune --backward)
         return tuned
     raw = spec.overrides.get(OP, {}).get(f"head_dim_{problem.head_dim}")

@@ -100,7 +100,8 @@ class Row:
 
 
 def rendezvous_env(env: os._Environ | dict) -> dict | None:
-    """(rank, world, local_rank, addr, port) from torchrun/Slurm variables, or None outside a launcher."""
+    """(rank, world, local_rank, addr, port, store_server, store_key) from torchrun/Slurm variables, or None outside
+    a launcher. ``store_server``: whether this process serves the TCPStore (``store_server_here``)."""
     if "RANK" in env and "WORLD_SIZE" in env:
         rank, world = int(env["RANK"]), int(env["WORLD_SIZE"])
         local = int(env.get("LOCAL_RANK", rank))
@@ -112,7 +113,27 @@ def rendezvous_env(env: os._Environ | dict) -> dict | None:
     if not 0 <= rank < world:
         raise ValueError(f"RANK {rank} is outside WORLD_SIZE {world}")
     return {"rank": rank, "world": world, "local_rank": local, "addr": env.get("MASTER_ADDR", "127.0.0.1"),
-            "port": int(env.get("MASTER_PORT", "29500"))}
+            "port": int(env.get("MASTER_PORT", "29500")), "store_server": store_server_here(rank, env),
+            # torchrun's agent store outlives a restart of the workers: a key per restart, never a stale id
+            "store_key": f"cukernels.comm.nccl_id.{env.get('TORCHELASTIC_RESTART_COUNT', '0')}"}
+
+
+def store_server_here(rank: int, env: os._Environ | dict) -> bool:
+    """Whether this process must start the TCPStore server on MASTER_PORT: rank 0, unless torchrun's agent already
+    serves it there (``TORCHELASTIC_USE_AGENT_STORE=True``, torch.distributed's own test), when every rank, rank 0
+    too, connects as a client (a second server on the port would fail to bind)."""
+    return rank == 0 and str(env.get("TORCHELASTIC_USE_AGENT_STORE", "")).lower() != "true"
+
+
+def device_index(local_rank: int, device_count: int) -> int:
+    """The GPU of a process with ``local_rank`` among ``device_count`` visible GPUs: ``local_rank % device_count``.
+    Under Slurm each task may see only its own GPU(s) (CUDA_VISIBLE_DEVICES per task) while SLURM_LOCALID still
+    counts the node's tasks, and LOCAL_RANK falls back to the global rank when absent."""
+    if device_count < 1:
+        raise ValueError(f"no visible GPU for local rank {local_rank} (device count {device_count})")
+    if local_rank < 0:
+        raise ValueError(f"local rank must be >= 0, got {local_rank}")
+    return local_rank % device_count
 
 
 def _unique_id_through_store(rv: dict) -> tuple:
@@ -123,10 +144,10 @@ def _unique_id_through_store(rv: dict) -> tuple:
                          "torch.distributed's TCPStore: install torch (pip install 'cukernels[torch]')") from None
     from cupy.cuda import nccl
 
-    store = TCPStore(rv["addr"], rv["port"], rv["world"], rv["rank"] == 0)
+    store = TCPStore(rv["addr"], rv["port"], rv["world"], rv["store_server"])
     if rv["rank"] == 0:
-        store.set("cukernels.comm.nccl_id", json.dumps(list(nccl.get_unique_id())))
-    return tuple(json.loads(store.get("cukernels.comm.nccl_id")))
+        store.set(rv["store_key"], json.dumps(list(nccl.get_unique_id())))
+    return tuple(json.loads(store.get(rv["store_key"])))
 
 
 # ---------------------------------------------------------------- one rank
@@ -193,7 +214,7 @@ def rank_main(rank: int, ranks: int, local_rank: int, uid: tuple, args) -> list[
 
     nccl_types = {"fp32": nccl.NCCL_FLOAT32, "fp16": nccl.NCCL_FLOAT16, "bf16": getattr(nccl, "NCCL_BFLOAT16", 9)}
     storage = {"fp32": np.float32, "fp16": np.float16, "bf16": _dtypes.BF16}
-    cupy.cuda.Device(local_rank).use()
+    cupy.cuda.Device(device_index(local_rank, cupy.cuda.runtime.getDeviceCount())).use()
     comm = nccl.NcclCommunicator(ranks, uid, rank)
     stream = cupy.cuda.Stream(non_blocking=True)
     rows = []

@@ -62,6 +62,21 @@ def _versions() -> dict:
     return out
 
 
+def tuning(spec: _device.DeviceSpec | None) -> dict:
+    """Whether the planners could have used tuned configs (``cukernels/tune.py``): the live GPU's tuned-config cache
+    file where one exists (None otherwise, or when it cannot be told) and ``CUKERNELS_TUNED`` ("0": not used)."""
+    path = None
+    try:
+        if spec is not None:
+            from . import tune
+
+            cache = tune.TuneCache.for_device(spec)
+            path = str(cache.path) if cache.path.is_file() else None
+    except Exception:  # provenance never fails a run
+        path = None
+    return {"tune_cache": path, "tuned": os.environ.get("CUKERNELS_TUNED", "1")}
+
+
 def collect() -> dict:
     """Everything that identifies where and with what a measurement was taken."""
     env = {
@@ -70,6 +85,7 @@ def collect() -> dict:
         "git_revision": git_revision(),
         "versions": _versions(),
     }
+    spec = None
     if _device.gpu_available():
         spec = _device.current()
         env["gpu"] = {"name": spec.name, "profile": spec.key, "compute_capability": list(spec.compute_capability),
@@ -77,4 +93,5 @@ def collect() -> dict:
         env["nvml"] = {**_device.nvml_info(), **_device.nvml_sample()}
     else:
         env["gpu"] = None
+    env.update(tuning(spec))
     return env

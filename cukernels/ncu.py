@@ -184,11 +184,17 @@ _UNKNOWN = re.compile(r"[Ff]ailed to find metrics?:?\s*\"?([A-Za-z0-9_.]+)")
 
 
 def profile(exe: str, module: str, target: Target, *, timeout: int = 900) -> dict:
-    """Run one target under ncu; metric names this ncu/GPU does not know are dropped and the run repeated."""
+    """Run one target under ncu; metric names this ncu/GPU does not know are dropped and the run repeated. A run
+    past ``timeout`` seconds, or one that exits non-zero (ncu passes on the bench's status: a failed check is 1),
+    is reported in ``error``."""
     metrics = all_metric_names()
     for _ in range(3):
         cmd = ncu_command(exe, module, target, metrics)
-        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=_env(), cwd=ROOT)
+        try:
+            proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=_env(), cwd=ROOT)
+        except subprocess.TimeoutExpired:
+            return {"target": target.name, "command": " ".join(cmd), "returncode": None, "launches": [], "csv": "",
+                    "error": f"ncu ran past its {timeout} s timeout and was stopped; nothing was profiled"}
         text = proc.stdout + "\n" + proc.stderr
         unknown = set(_UNKNOWN.findall(text)) & set(metrics)
         if unknown and len(unknown) < len(metrics):
@@ -203,6 +209,9 @@ def profile(exe: str, module: str, target: Target, *, timeout: int = 900) -> dic
     elif not launches:
         error = f"ncu profiled no kernel matching {target.kernel_regex!r} (exit {proc.returncode}): " + \
             " | ".join(line for line in text.splitlines() if "ERROR" in line or "WARN" in line)[:400]
+    elif proc.returncode != 0:
+        error = f"the profiled run exited {proc.returncode} (its kernels' figures are below): " + \
+            " | ".join(line for line in text.splitlines() if "ERROR" in line or "FAIL" in line)[:400]
     return {"target": target.name, "command": " ".join(cmd), "returncode": proc.returncode, "launches": launches,
             "csv": "\n".join(_csv_lines(proc.stdout)), "error": error}
 
@@ -272,16 +281,21 @@ def requested(ob, argv) -> bool:
     return bool(getattr(args, "ncu", False) or getattr(args, "nsys", None))
 
 
+def _is_nsys(arg: str) -> bool:
+    """``--nsys`` or an abbreviation of it that argparse accepts (``--nsy``), with or without ``=value``."""
+    name = arg.split("=", 1)[0]
+    return len(name) > 2 and "--nsys".startswith(name)
+
+
 def _without_nsys(argv: Sequence[str]) -> list[str]:
+    """``argv`` less ``--nsys [PREFIX]`` in any spelling argparse accepts, so the child is not profiled again."""
     out, skip = [], False
     for i, a in enumerate(argv):
         if skip:
             skip = False
             continue
-        if a == "--nsys":
-            skip = i + 1 < len(argv) and not argv[i + 1].startswith("-")
-            continue
-        if a.startswith("--nsys="):
+        if _is_nsys(a):
+            skip = "=" not in a and i + 1 < len(argv) and not argv[i + 1].startswith("-")
             continue
         out.append(a)
     return out

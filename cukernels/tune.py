@@ -303,7 +303,7 @@ class TuneResult:
     case: str
     kernel: str
     op: str = ""
-    status: str  # tuned | re-tuned (stale) | cached | swept | failed | not tunable
+    status: str  # tuned | re-tuned (stale) | cached | same key | swept | failed | not tunable
     reason: str = ""
     signature: str = ""
     heuristic: str = ""
@@ -367,11 +367,13 @@ def _first_failure(results) -> str:
 
 def tune_case(op, case, tunables: Sequence[Tunable | NotTunable], cache: TuneCache, *, sweep: bool = False,
               retune: bool = False, seed: int = 0, budget_ms: float = 200.0, max_configs: int | None = None,
-              progress=sys.stderr) -> list[TuneResult]:
+              stored: dict | None = None, progress=sys.stderr) -> list[TuneResult]:
     """Tune (or read from ``cache``) every tunable of ``case``. ``op`` is the bench's ``cukernels.bench.Op``: its
     inputs, reference and check gate each candidate on the case's own inputs; a sub-problem with its own inputs
     checks each candidate against the heuristic's output. ``sweep`` times every candidate whatever the cache
-    holds; ``retune`` ignores the cache's entry."""
+    holds; ``retune`` ignores the cache's entry. ``stored`` (one dict for a whole run: cache key -> the case and
+    kernel that stored it) makes a second case with the same key report "same key", naming the first, instead of
+    "cached" with the first's numbers (with ``sweep`` it is timed again and its result replaces the entry)."""
     from . import checks
 
     out: list[TuneResult] = []
@@ -391,6 +393,13 @@ def tune_case(op, case, tunables: Sequence[Tunable | NotTunable], cache: TuneCac
         base = dict(case=case.name, kernel=t.label, op=t.op, signature=signature(t.problem), revision=rev,
                     heuristic=str(t.heuristic.config), heuristic_source=t.heuristic.source)
         state = cache.status(t.op, t.problem, rev)
+        key = cache.key(t.op, t.problem)
+        earlier = None if stored is None else stored.get(key)  # the case that stored this key in this run
+        if earlier is not None and not sweep:
+            out.append(TuneResult(**base, status="same key",
+                                  reason=f"same tuned key as {earlier}, tuned earlier in this run: not timed again; "
+                                         "that entry applies to this case too"))
+            continue
         if state == "hit" and not (sweep or retune):
             e = cache.get(t.op, t.problem, rev)
             out.append(TuneResult(**{**base, "heuristic": e.get("heuristic", base["heuristic"])}, status="cached",
@@ -473,9 +482,17 @@ def tune_case(op, case, tunables: Sequence[Tunable | NotTunable], cache: TuneCac
         res.status = "swept" if sweep else ("re-tuned (stale)" if state == "stale" else "tuned")
         if heur is not None and heur.status != "ok":
             res.reason = f"the heuristic's config failed: {heur.reason}"
+        if failed := [tr for tr in trials if tr.status == "failed-check"]:  # a wrong config fails the run
+            res.reason = "; ".join(x for x in (res.reason, f"{len(failed)} config(s) failed the check: " + "; ".join(
+                f"{tr.config}: {tr.reason}" for tr in failed)) if x)[:300]
+        if earlier is not None:
+            res.reason = "; ".join(x for x in (res.reason, f"same tuned key as {earlier}: this result replaced its "
+                                                             "entry") if x)[:300]
         cache.put(t.op, t.problem, rev, {"config": res.tuned_config, "tuned": res.tuned, "ms": res.tuned_ms,
                                          "heuristic": res.heuristic, "heuristic_ms": res.heuristic_ms,
                                          "speedup": res.speedup, "candidates": len(configs), "date": res.tuned_date})
+        if stored is not None:
+            stored[key] = f"{case.name} / {t.label}"  # under --sweep the latest holds the entry
         out.append(res)
     if progress is not None:
         print("\r\033[K", end="", file=progress, flush=True)
@@ -489,10 +506,16 @@ def _ms(v: float | None) -> str:
     return "" if v is None else f"{v:.4f}"
 
 
+def failed_checks(result: TuneResult) -> int:
+    """How many of ``result``'s configs failed their correctness check (any fails the run: STYLE.md 7)."""
+    return sum(t.status == "failed-check" for t in result.trials)
+
+
 def tune_rows(results: Sequence[TuneResult]) -> list[dict]:
     rows = []
     for r in results:
-        rows.append({"case": r.case, "kernel": r.kernel, "status": r.status,
+        bad = failed_checks(r)
+        rows.append({"case": r.case, "kernel": r.kernel, "status": r.status + (f" ({bad} failed check)" if bad else ""),
                      "heuristic (auto)": r.heuristic, "auto ms": _ms(r.heuristic_ms), "tuned": r.tuned or r.reason[:90],
                      "tuned ms": _ms(r.tuned_ms),
                      "tuned / auto": "" if r.speedup is None else f"{r.speedup:.3f}x",
@@ -617,10 +640,12 @@ def run_cli(ob, argv: Sequence[str] | None, tunables: Callable) -> int:
     cache = TuneCache.for_device(spec)
     op = ob.op(args)
     results: list[TuneResult] = []
+    stored: dict = {}  # cache keys tuned in this run: a repeat is reported as "same key", not "cached"
     for i, case in enumerate(cases):
         results += tune_case(op, case, tunables(case, spec, args), cache, sweep=args.sweep, retune=args.retune,
-                             seed=args.seed + i, budget_ms=args.tune_budget_ms, max_configs=args.max_configs)
-    _LIVE.clear()  # planners in this process read the new entries
+                             seed=args.seed + i, budget_ms=args.tune_budget_ms, max_configs=args.max_configs,
+                             stored=stored)
+    forget_plans()
     mode = "sweep" if args.sweep else "tune"
     print(f"{ob.prog} --{mode}: suite {args.suite}, {args.dtype}, {spec.name}, driver {cache.driver}; "
           f"cache {cache.path}")
@@ -630,6 +655,10 @@ def run_cli(ob, argv: Sequence[str] | None, tunables: Callable) -> int:
     print(tune_table(results))
     if not args.sweep and any(r.status == "cached" for r in results):
         print("cached: read from the cache, not timed again (--retune times them again)")
+    if any(r.status == "same key" for r in results):
+        print("same key: the problem signature of an earlier case in this run (its tuned entry applies)")
+    if any(failed_checks(r) for r in results):
+        print("failed check: a config gave a wrong result (see the per-config table); the run fails")
     if args.json:
         to_json(results, environment.collect(), args.json, mode=mode, suite=args.suite, dtype=args.dtype,
                 cache_file=str(cache.path),
@@ -638,7 +667,21 @@ def run_cli(ob, argv: Sequence[str] | None, tunables: Callable) -> int:
     if args.plot:
         for path in plots(results, args.plot):
             print(f"plot: {path}")
-    return cli.EXIT_FAILED if any(r.status == "failed" for r in results) else cli.EXIT_OK
+    return cli.EXIT_FAILED if any(r.status == "failed" or failed_checks(r) for r in results) else cli.EXIT_OK
+
+
+_MEMOISED_PLANS = (("moe.launch", "_plan"),)  # (module, function): lru_caches that hold planner results
+
+
+def forget_plans() -> None:
+    """After tuning, planners in this process read the new entries: drop the live caches' contents and the
+    memoised planner results of modules already imported (``moe.launch._plan``). Compiled calls that other
+    modules keep per signature hold their plan until the process ends."""
+    _LIVE.clear()
+    for module, name in _MEMOISED_PLANS:
+        fn = getattr(sys.modules.get(module), name, None)
+        if hasattr(fn, "cache_clear"):
+            fn.cache_clear()
 
 
 def requested(ob, argv: Sequence[str] | None) -> bool:

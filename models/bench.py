@@ -13,16 +13,16 @@ Every output is checked against torch-naive's before timing (relative L2 error o
 bounded by twice torch-best's own error against it or a floor, whichever is larger) and ours again after. Times are
 the one timer's (``cukernels.timing.benchmark``) with nothing held and no L2 flush: a whole forward as called back
 to back, host time included where the host is the bottleneck (eager small models), which is what the CUDA graph
-removes. Each row adds tokens/s, torch's peak memory during one forward, the speedup over torch-naive against the
-seed's gate, the ratio to the faster torch-best, the expected time (expected_results/, ``[[end_to_end]]``) and one
-instrumented forward's split by op (attention / FFN or MoE / QKV+O GEMMs / the rest) from CUDA events.
+removes. Each row adds tokens/s, torch's peak memory during one forward (ours-graph: one replay after the capture),
+the speedup over torch-naive against the seed's gate, the ratio to the faster torch-best, the expected time
+(expected_results/, ``[[end_to_end]]``) and one instrumented forward's split by op (attention / FFN or MoE / QKV+O
+GEMMs / the rest) from CUDA events. ``--out PATH`` writes the results as JSON; without it nothing is written.
 """
 from __future__ import annotations
 
 import argparse
 import dataclasses
 import json
-import re
 import sys
 import time
 from pathlib import Path
@@ -40,7 +40,6 @@ BASELINES = ("torch-naive", "torch-best", "torch-compiled")
 NAIVE = "torch-naive"
 REL_L2_FLOOR = 3e-2  # bf16 end to end: a wrong kernel is off by O(1), rounding differences by ~1e-2
 GATE_PCT = 40.0  # seed 004 "Performance Gates": End-to-End > 40 % speedup vs PyTorch naive (if no table says)
-ROOT = Path(__file__).resolve().parent.parent
 
 
 @dataclasses.dataclass(kw_only=True)
@@ -60,7 +59,7 @@ class ModelResult:
     samples: int = 0
     tokens_per_s: float | None = None
     tflops: float | None = None
-    peak_mib: float | None = None  # torch's max_memory_allocated during one forward (weights included)
+    peak_mib: float | None = None  # torch's max_memory_allocated during one forward or replay (weights included)
     extra_mib: float | None = None  # that peak less what was allocated before the forward
     rel_l2_vs_naive: float | None = None
     check_bound: float | None = None
@@ -87,7 +86,8 @@ def parser() -> argparse.ArgumentParser:
                    help=f"only this model's rows (repeatable): {', '.join(configs.BENCH_MODELS)} "
                         "(default: the seed 004 models small, medium, large)")
     p.add_argument("--quick", action="store_true", help="one small row (small_b1_s128)")
-    p.add_argument("--out", metavar="PATH", help="JSON results (default docs/results/<gpu>/models.json)")
+    p.add_argument("--out", metavar="PATH",
+                   help="write the results as JSON to PATH (e.g. docs/results/h100/models.json); without it, none")
     p.add_argument("--no-graph", action="store_true", help="skip ours-graph (the CUDA-graph capture)")
     p.add_argument("--no-compile", action="store_true", help="skip torch-compiled (compiling takes minutes)")
     p.add_argument("--expected", default="auto",
@@ -158,12 +158,6 @@ def find_expected(rows: list[dict], case: configs.ModelCase) -> dict | None:
     return None
 
 
-def default_out(spec) -> Path:
-    """docs/results/<gpu>/models.json, <gpu> the profile key's first part (h100_sxm -> h100)."""
-    gpu = (spec.key or re.sub(r"[^a-z0-9]+", "_", spec.name.lower())).split("_")[0]
-    return ROOT / "docs" / "results" / gpu / "models.json"
-
-
 # ---------------------------------------------------------------- one case
 
 
@@ -212,14 +206,12 @@ def run_case(case: configs.ModelCase, weights, impls: list[str], args, progress=
         if impl in models:
             fn = models[impl]
         elif impl == "ours-graph":
-            holder = {}
-
-            def capture():  # a capture runs nothing: the first replay computes the output
-                holder["g"] = models["ours"].capture(x)
-                return holder["g"].replay()
-            out, peak, extra = _measure_peak(capture)  # the graph's pool: what a replay holds
+            # the capture's two eager warm-up forwards are not a replay's memory: the peak is one replay's, the
+            # stats reset after the capture (a capture runs nothing: that replay computes the output)
+            graph = models["ours"].capture(x)
+            out, peak, extra = _measure_peak(graph.replay)
             peaks[impl] = (peak, extra)
-            return holder["g"].replay, out
+            return graph.replay, out
         else:  # torch-compiled
             torch._dynamo.reset()  # one compiled forward at a time: no recompile limit across cases
             compiled = torch.compile(models["torch-best"].forward)
@@ -274,8 +266,12 @@ def run_case(case: configs.ModelCase, weights, impls: list[str], args, progress=
             if not r.ok:
                 continue
             say(f"time {impl}")
+
+            def timed(fn=fn):  # torch enqueues where the timer records its events (CuPy's current stream)
+                with bench.torch_on_cupy_stream():
+                    return fn()
             try:
-                t = timing.benchmark(fn, warmup_ms=50.0, budget_ms=args.budget_ms, min_samples=5, max_samples=200,
+                t = timing.benchmark(timed, warmup_ms=50.0, budget_ms=args.budget_ms, min_samples=5, max_samples=200,
                                      rel_noise_target=0.01, flush_l2=False, hold=False)
             except Exception as exc:
                 r.status, r.reason = "error", _error_text(exc)
@@ -404,7 +400,13 @@ def main(argv=None) -> int:
     print(f"split: % of one instrumented forward in {', '.join(SECTIONS)} (attention; FFN or MoE layer; QKV and "
           "output projections; norms, rotary, residuals). Times: whole forward as called back to back, no hold, "
           "no L2 flush.")
-    out = Path(args.out) if args.out else default_out(spec)
+    if args.out:
+        write_json(Path(args.out), results, cases, note, gate, argv)
+    failed = [r for r in results if r.impl.startswith("ours") and r.status in ("failed-check", "error")]
+    return cli.EXIT_FAILED if failed else cli.EXIT_OK
+
+
+def write_json(out: Path, results: list[ModelResult], cases, note: str, gate: float, argv) -> None:
     out.parent.mkdir(parents=True, exist_ok=True)
     doc = {"environment": environment.collect(), "command": " ".join([PROG, *(argv if argv is not None
                                                                              else sys.argv[1:])]),
@@ -414,8 +416,6 @@ def main(argv=None) -> int:
            "results": [dataclasses.asdict(r) for r in results]}
     out.write_text(json.dumps(doc, indent=1, default=str))
     print(f"results: {out}")
-    failed = [r for r in results if r.impl.startswith("ours") and r.status in ("failed-check", "error")]
-    return cli.EXIT_FAILED if failed else cli.EXIT_OK
 
 
 if __name__ == "__main__":

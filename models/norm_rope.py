@@ -180,6 +180,8 @@ def validate_rotary(qkv, cos, sin, seq, rot_heads) -> tuple:
             raise TypeError(f"{name} must be an int, got {v!r}")
     if not 1 <= rot_heads <= heads_total:
         raise ValueError(f"rot_heads must be in 1..{heads_total} (qkv.shape[1]), got {rot_heads}")
+    if tokens < 1:  # an empty grid is not a launch CUDA accepts
+        raise ValueError(f"qkv must hold at least one token (qkv.shape[0]), got shape {tuple(qkv.shape)}")
     if seq < 1 or tokens % seq:
         raise ValueError(f"seq must divide the {tokens} tokens (qkv.shape[0]) into whole sequences, got {seq}")
     for name, t in (("cos", cos), ("sin", sin)):

@@ -81,11 +81,14 @@ def cases_for(shapes, dtype: str) -> list[bench.Case]:
 
 
 def gemm_offsets(rows: int, experts: int, split: str, seed: int = 0) -> np.ndarray:
-    """Group offsets: one group, equal groups, or random (gamma-distributed) sizes, some possibly empty."""
+    """Group offsets: one group, equal groups (the first ``rows % experts`` one row larger), or random
+    (gamma-distributed) sizes, some possibly empty."""
     if split == "one":
         return np.array([0, rows], np.int32)
     if split == "equal":
-        return (np.arange(experts + 1) * (rows // experts)).astype(np.int32)
+        counts = np.full(experts, rows // experts, np.int64)
+        counts[:rows % experts] += 1
+        return np.concatenate([[0], np.cumsum(counts)]).astype(np.int32)
     w = np.random.default_rng(seed).gamma(2.0, size=experts)
     counts = np.floor(w / w.sum() * rows).astype(np.int64)
     counts[0] += rows - counts.sum()
@@ -612,7 +615,9 @@ def _extra(results, args) -> str:
 def _gemm_tunable(label: str, problem, spec, inputs=None, out_dtype=None):
     """One grouped GEMM, every feasible tile through ``grouped_gemm(config=...)``. A layer's GEMMs are tuned on
     inputs of their own (equal groups, as routing random tokens gives), each candidate checked against the
-    heuristic's output; the tuned entry is keyed by the GEMM's problem, which the layer's cache miss plans."""
+    heuristic's output; the tuned entry is keyed by the GEMM's problem, which the layer's cache miss plans. The
+    problem holds no group split, so ``..._E32_equal`` and ``..._E32_random`` share one entry: the first tuned in a
+    run keeps it and the other reports "same key" (``tune.tune_case``)."""
     def run(cfg, x):
         return lambda: grouped_gemm(x.a, x.b, x.offsets_d, epilogue=problem.epilogue, out_dtype=out_dtype, config=cfg)
 

@@ -8,35 +8,42 @@ Sharding. World size W, E experts, E a multiple of W: rank r holds experts ``[r 
 calls ``forward`` on its own tokens; their number may differ between ranks. The calls are collective: every
 rank makes the same sequence of calls, with the same ``chunks``.
 
-Forward, on the caller's stream S and the layer's high-priority communication stream K:
+Forward, on the caller's stream S and the layer's high-priority communication stream K. World size 1 takes the
+direct path: router, route, permute, gather, the grouped GEMMs on the permuted rows in place (their offsets are
+permute's own, on the device) and combine, on S, in one chunk whatever ``chunks`` says: ``MoELayer``'s work, with no
+NCCL and no host synchronisation. With W >= 2:
 
-1. S: the router logits (fp32, one grouped-GEMM group, as ``MoELayer``); then per token chunk ``route``,
-   ``permute`` (stable order by global expert, so the rows bound for rank d are one contiguous run) and
-   ``gather`` into the send buffer ``xs``.
-2. S: the counts, int32 per (destination rank, chunk, local expert of the destination), go to their ranks in one
-   grouped send/recv; they and this rank's own counts come to the host in one copy. **This is the forward's one
-   host synchronisation**: the receive sizes (hence the buffers and every send/recv) depend on them.
-3. Per chunk c, a pipeline between K and S (events, no host waits):
-   K dispatches chunk c — one send and one receive per rank (itself included), the rows arriving source-major;
-   S reorders them by local expert (Megatron's "sort chunks by expert"; nothing to reorder when W == 1 or a rank
-   holds one expert), runs the grouped GEMMs (up with the SwiGLU/GELU epilogue, then down), puts the rows back
-   in source-major order; K returns them, each to the rank and the row of ``xs`` it came from; S combines the
-   chunk's tokens. K's order is dispatch 0, dispatch 1, return 0, dispatch 2, return 1, ...: the exchange of one
-   chunk runs while S computes its neighbour, so with ``chunks > 1`` communication overlaps the expert GEMMs;
-   ``chunks = 1`` is the plain exchange, nothing overlapped.
+1. S: the router logits (fp32, one grouped-GEMM group, as ``MoELayer``); per token chunk ``route``, ``permute``
+   (stable order by global expert, so the rows bound for rank d are one contiguous run) and ``gather`` into the
+   send buffer ``xs``; the counts, int32 per (destination rank, chunk, local expert of the destination), go to
+   their ranks in one grouped send/recv (this rank's own block included), then to the host in one copy. **The host
+   then synchronises S, the forward's one host synchronisation** (it also waits for the gathers queued before the
+   counts; queueing them after the counts copy and waiting on an event instead is a known next step): the receive
+   sizes (hence the buffers and every send/recv) depend on the counts.
+2. Per chunk c, a pipeline between K and S (events, no host waits):
+   K dispatches chunk c — one send and one receive per peer with rows to move, this rank's own rows included
+   (through NCCL; a device copy would do), the rows arriving source-major; S reorders them by local expert
+   (Megatron's "sort chunks by expert"; nothing to reorder when a rank holds one expert), runs the grouped GEMMs
+   (up with the SwiGLU/GELU epilogue, then down), puts the rows back in source-major order; K returns them, each to
+   the rank and the row of ``xs`` it came from; S combines the chunk's tokens. K's order is dispatch 0, dispatch 1,
+   return 0, dispatch 2, return 1, ...: the exchange of one chunk runs while S computes its neighbour, so with
+   ``chunks > 1`` communication overlaps the expert GEMMs; ``chunks = 1`` is the plain exchange.
 
 Everything past the counts is enqueued without waiting; the output is ready on S when S reaches it, like any op.
 
-Determinism: send/recv are copies; every layout follows from the counts; the GEMMs and ``combine`` sum in a fixed
-order. The same inputs give bitwise the same output on every run.
+Empty ranks and chunks: a rank may hold no tokens, or fewer than ``chunks`` (``chunk_bounds`` leaves chunks empty);
+its empty chunks skip routing and GEMMs, send zero counts, and it still issues every NCCL group its peers issue
+(the counts, then a dispatch and a return per chunk, the same number in the same order on every rank).
+World size 1: nothing goes through NCCL (no counts, no host wait): one chunk, ``MoELayer``'s launches (the GEMMs
+on the permuted rows in place, permute's device offsets, the routing weight as the down GEMM's row scale).
 
-Against the single-GPU ``MoELayer`` on the same weights and tokens: the same routing kernels on the same logits,
-the same expert GEMM kernels. One difference of rounding: ``MoELayer`` multiplies each expert row by its routing
-weight in fp32 before rounding the down projection (its row scale); here the rounded expert rows are weighted in
-fp32 by ``combine``, so the weights never travel. The two differ by at most one rounding of each expert row.
-
-The counts and offsets arithmetic (``shard_range``, ``chunk_bounds``, ``bucket_rows``, ``ExchangePlan``) needs no
-GPU and is tested on the CPU (tests/test_ep_cpu.py).
+Collectives and failures. Every rank issues the same NCCL groups in the same order whatever its tokens (above).
+The first forward of a layer checks, in one all-reduce, that the ranks agree on world size, chunks, experts,
+top_k, hidden, intermediate, dtype and activation (message sizes follow from them), and whether every rank's ``x``
+passed its checks; a disagreement or a refused ``x`` raises the same ``ValueError`` on every rank. On later
+forwards a refused ``x`` raises on its own rank before any collective, and its peers wait in NCCL: a status word in
+the counts message would carry it (not done). Not yet run on two GPUs: the world-size-1 path and the CPU fake of
+the collectives (tests/test_ep_cpu.py) are what has been checked.
 """
 from __future__ import annotations
 
@@ -82,10 +89,9 @@ def shard_range(experts: int, world: int, rank: int) -> tuple[int, int]:
 
 
 def chunk_bounds(tokens: int, chunks: int) -> list[tuple[int, int]]:
-    """(first token, tokens) of each chunk: sizes as even as possible, the first ``tokens % chunks`` one longer."""
-    tokens, chunks = _int("tokens", tokens, 1), _int("chunks", chunks, 1)
-    if chunks > tokens:
-        raise ValueError(f"chunks={chunks} is more than the {tokens} tokens: each chunk needs at least one token")
+    """(first token, tokens) of each chunk: sizes as even as possible, the first ``tokens % chunks`` one longer.
+    Chunks may be empty (fewer tokens than chunks, or none): an empty chunk still takes part in the exchange."""
+    tokens, chunks = _int("tokens", tokens, 0), _int("chunks", chunks, 1)
     base, extra = divmod(tokens, chunks)
     out, start = [], 0
     for c in range(chunks):
@@ -177,6 +183,33 @@ class ExchangePlan:
         return to_expert, to_source
 
 
+def check_agreement(comm, world: int, fields: dict, stream: int, ok: bool = True) -> None:
+    """Raise ``ValueError`` on every rank unless all ``world`` ranks passed the same ``fields`` (ints; the exchange's
+    message sizes follow from them) and ``ok``. One all-reduce MIN of ``[fields, ok, -fields]`` (MIN and MAX at
+    once) and one host wait; collective: every rank calls it at the same point."""
+    import cupy
+    from cupy.cuda import nccl
+
+    names = list(fields)
+    v = np.array([int(fields[n]) for n in names], dtype=np.int64)
+    buf = cupy.asarray(np.concatenate([v, [int(bool(ok))], -v]).astype(np.int64))
+    n = len(names)
+    comm.allReduce(buf.data.ptr, buf.data.ptr, 2 * n + 1, nccl.NCCL_INT64, nccl.NCCL_MIN, stream)
+    host = np.empty(2 * n + 1, dtype=np.int64)
+    rt = cupy.cuda.runtime
+    rt.memcpyAsync(host.ctypes.data, buf.data.ptr, host.nbytes, _D2H, stream)
+    rt.streamSynchronize(stream)
+    lo, all_ok, hi = host[:n], bool(host[n]), -host[n + 1:]
+    differ = [f"{name} (from {a} to {b})" for name, a, b in zip(names, lo, hi) if a != b]
+    if differ:
+        raise ValueError(f"the {world} ranks built this expert-parallel layer differently: {', '.join(differ)} "
+                         "differ between ranks; every rank must pass the same experts, top_k, chunks, hidden, "
+                         "intermediate, dtype and activation (the exchange's message sizes follow from them)")
+    if ok and not all_ok:
+        raise ValueError("another rank's forward failed its argument checks (its own error says why); this rank "
+                         "stops too instead of waiting for it in NCCL")
+
+
 # ---------------------------------------------------------------- the layer
 
 
@@ -186,7 +219,12 @@ class ExpertParallelMoE:
     ``comm``: a ``cupy.cuda.nccl.NcclCommunicator`` of ``world`` ranks, this one ``rank``, on the current device.
     ``router_weight`` ``[hidden, experts]`` (any float dtype; replicated), ``w_gate_up``, ``w_down``: this rank's
     experts (``shard_range``), dtypes and layouts as ``MoELayer``'s. ``chunks``: token chunks of the pipelined
-    exchange (1: no overlap). x: a CuPy array ``[tokens, hidden]`` with ``tokens >= chunks``."""
+    exchange (1: no overlap; ignored at world size 1, where nothing is exchanged). x: a CuPy array
+    ``[tokens, hidden]``, any number of tokens (0 too; chunks may be empty).
+
+    The first forward checks, in one small all-reduce, that every rank built the layer alike (``check_agreement``:
+    experts, top_k, chunks, hidden, ...) and that every rank's x passed its checks, so that a mistake raises on
+    every rank instead of leaving the others waiting in NCCL."""
 
     def __init__(self, comm, rank: int, world: int, router_weight, w_gate_up, w_down, top_k: int, *,
                  chunks: int = 2, activation: str = "swiglu"):
@@ -246,6 +284,7 @@ class ExpertParallelMoE:
         self.device = w_gate_up.device.id
         self.last_exchange: ExchangeRecord | None = None
         self._calls: dict = {}
+        self._agreed = world == 1  # nothing to agree on alone
 
     @classmethod
     def from_full(cls, comm, rank: int, world: int, router_weight, w_gate_up, w_down, top_k: int, **kw):
@@ -267,14 +306,31 @@ class ExpertParallelMoE:
         if not isinstance(x, cupy.ndarray):
             raise TypeError(f"x must be a cupy.ndarray on this rank's GPU, got {type(x).__name__}")
         key = (x.shape, x.strides, x.dtype, x.data.device_id)
-        call = self._calls.get(key)
-        if call is None:
-            call = self._calls[key] = _launch.on_device(self.device, self._plan, x)
-        if x.data.ptr % 16:
-            _launch.check_aligned(("x",), (x.data.ptr,))
+        call, error = self._calls.get(key), None
+        try:  # every check of x before the first collective
+            if call is None:
+                call = self._calls[key] = _launch.on_device(self.device, self._plan, x)
+            if x.data.ptr % 16:
+                _launch.check_aligned(("x",), (x.data.ptr,))
+        except (TypeError, ValueError) as exc:
+            error = exc
+        if not self._agreed:
+            _launch.on_device(self.device, self._agree, error is None)
+        if error is not None:
+            raise error
         return _launch.on_device(self.device, call, x.data.ptr, bool(exchange_only), bool(record))
 
     __call__ = forward
+
+    def _agree(self, ok: bool) -> None:
+        import cupy
+
+        fields = {"world": self.world, "experts": self.experts, "local_experts": self.local_experts,
+                  "chunks": self.chunks, "top_k": self.top_k, "hidden": self.hidden,
+                  "intermediate": self.intermediate, "dtype": int(self.dtype == dtypes.BF16),
+                  "activation": ACTIVATIONS.index(self.activation)}
+        check_agreement(self.comm, self.world, fields, cupy.cuda.get_current_stream().ptr, ok)
+        self._agreed = True
 
     def _plan(self, x) -> "_EPCall":
         if x.ndim != 2 or int(x.shape[1]) != self.hidden:
@@ -286,30 +342,33 @@ class ExpertParallelMoE:
         if x.data.device_id != self.device:
             raise ValueError(f"x is on device {x.data.device_id}, this rank's experts on device {self.device}")
         tokens = int(x.shape[0])
-        if tokens < self.chunks:
-            raise ValueError(f"x has {tokens} tokens, fewer than chunks={self.chunks}: each chunk needs a token")
         if tokens * self.top_k >= 2**31:
             raise ValueError(f"tokens * top_k = {tokens * self.top_k}: must stay below 2**31")
         return _EPCall(self, tokens, _launch.frame(False, self.device))
 
 
 class ExchangeRecord:
-    """One forward's exchange: its ``plan`` and, when recorded, CUDA events around each dispatch and return."""
+    """One forward's exchange: its ``plan`` (None at world size 1: nothing exchanged), ``rows`` (the expert rows
+    this rank computed) and, when recorded, CUDA events around each dispatch and return."""
 
-    def __init__(self, plan: ExchangePlan, row_bytes: int, events):
+    def __init__(self, plan: ExchangePlan | None, row_bytes: int, events, rows: int | None = None):
         self.plan, self.row_bytes, self._events = plan, row_bytes, events
+        self.rows = int(plan.rows.sum()) if rows is None else int(rows)
 
     def bytes(self) -> dict[str, int]:
         """Bytes this rank moved to and from the other ranks (self-copies excluded), each way of each phase."""
-        out_rows, in_rows = self.plan.remote_sent_rows, self.plan.remote_recv_rows
+        out_rows, in_rows = (0, 0) if self.plan is None else (self.plan.remote_sent_rows, self.plan.remote_recv_rows)
         rb = self.row_bytes
         return {"dispatch_out": out_rows * rb, "dispatch_in": in_rows * rb, "return_out": in_rows * rb,
                 "return_in": out_rows * rb}
 
     def times_ms(self) -> dict[str, float]:
-        """Milliseconds the communication stream spent in the dispatches and in the returns (synchronises)."""
+        """Milliseconds the communication stream spent in the dispatches and in the returns (synchronises); 0 at
+        world size 1, which exchanges nothing."""
         import cupy
 
+        if self.plan is None:
+            return {"dispatch_ms": 0.0, "return_ms": 0.0}
         if self._events is None:
             raise ValueError("this forward was not recorded: call forward(x, record=True)")
         rt = cupy.cuda.runtime
@@ -322,7 +381,11 @@ class ExchangeRecord:
 class _EPCall:
     """A planned forward for one x signature: per-chunk routing, permutation, gather and combine launchers; the
     workspace known before the counts; the comm stream and events. Launchers whose row count depends on the
-    counts (the grouped GEMMs, the reorders) are made per ``bucket_rows`` size and kept."""
+    counts (the grouped GEMMs, the reorders) are made per ``bucket_rows`` size and kept.
+
+    World size 1 (``local``): no NCCL, no counts, no host wait: one chunk (there is no communication to overlap),
+    the GEMMs on the permuted rows in place with permute's device offsets and the routing weight as the down
+    GEMM's row scale: ``MoELayer``'s launches, so the output is ``MoELayer``'s bit for bit."""
 
     def __init__(self, layer: ExpertParallelMoE, tokens: int, frame):
         import cupy
@@ -333,36 +396,43 @@ class _EPCall:
         self.dt, self.dname = dt, dtypes.dtype_name(dt)
         self.row_bytes = L.hidden * dt.itemsize
         k, E, C, W, El = L.top_k, L.experts, L.chunks, L.world, L.local_experts
-        self.bounds = chunk_bounds(tokens, C)
-        self.router = GemmCall(GemmProblem(rows=tokens, n=E, k=L.hidden, experts=1, dtype=self.dname, epilogue=None),
-                               None, np.dtype(np.float32), dt, frame)
+        self.local = W == 1
+        self.bounds = chunk_bounds(tokens, 1 if self.local else C)
+        self._gemms: dict = {}
+        self._gathers: dict = {}
+        if tokens:  # an empty rank routes nothing, but still exchanges (zero counts, its share of rows)
+            self.router = GemmCall(GemmProblem(rows=tokens, n=E, k=L.hidden, experts=1, dtype=self.dname,
+                                               epilogue=None), None, np.dtype(np.float32), dt, frame)
         self.one_group = cupy.asarray([0, tokens], dtype=cupy.int32)
         self.per_size = {}
-        for n in sorted({n for _, n in self.bounds}):
+        for n in sorted({n for _, n in self.bounds if n}):
             route = RouteCall(configs.RouteProblem(tokens=n, experts=E, top_k=k, dtype="fp32"), "softmax", True,
                               frame)
             self.per_size[n] = (route, PermuteCall(route, None, frame), gather_launcher(n * k, L.hidden, k, dt, 16),
                                 combine_launcher(n, L.hidden, k, dt, 16))
         ws = _launch.Workspace()
         self.at_logits = ws.add(4 * tokens * E)
-        self.at_route = [ws.add(self.per_size[n][0].nbytes) for _, n in self.bounds]
-        self.at_perm = [ws.add(self.per_size[n][1].nbytes) for _, n in self.bounds]
+        self.at_route = [ws.add(self.per_size[n][0].nbytes) if n else None for _, n in self.bounds]
+        self.at_perm = [ws.add(self.per_size[n][1].nbytes) if n else None for _, n in self.bounds]
         self.at_xs = ws.add(self.row_bytes * tokens * k)
+        if self.local:
+            self.at_h = ws.add(tokens * k * L.intermediate * dt.itemsize)
+            self.at_row_weight = ws.add(4 * tokens * k)
+            self.nbytes = ws.nbytes
+            return
         self.counts_len = W * C * El
         self.at_counts = ws.add(2 * 4 * self.counts_len)  # [send: W, C, El | received: W, C, El]
         self.nbytes = ws.nbytes
         self.counts_host = np.frombuffer(cupy.cuda.alloc_pinned_memory(8 * self.counts_len), np.int32,
                                          2 * self.counts_len)
         self._index_host = None  # pinned, grown as needed: reorder indices and GEMM offsets going up
-        self.reorder = W > 1 and El > 1  # source-major == expert-major otherwise
+        self.reorder = El > 1  # source-major == expert-major otherwise
         # high priority: the NCCL kernels' few CTAs go ahead of the GEMMs' waiting ones as SMs free up
         self.stream = cupy.cuda.Stream(non_blocking=True, priority=_TOP_PRIORITY)
         self.off_stride = -(-(El + 1) // 4) * 4  # each chunk's GEMM offsets 16-byte aligned
         ev = lambda: cupy.cuda.Event(disable_timing=True)  # noqa: E731
         self.ev_ready = ev()
         self.ev_disp, self.ev_comp, self.ev_ret = ([ev() for _ in range(C)] for _ in range(3))
-        self._gemms: dict = {}
-        self._gathers: dict = {}
 
     # launchers per received-rows bucket
     def _gemm_pair(self, rows: int):
@@ -398,24 +468,39 @@ class _EPCall:
         comm, W, rank, C, El, k = L.comm, L.world, L.rank, L.chunks, L.local_experts, L.top_k
         rb, E = self.row_bytes, L.experts
         S = f.stream()
-        K = self.stream.ptr
         ws, base = f.workspace(S, self.nbytes)
         out, pout = f.empty((self.tokens, L.hidden), self.dname)
-        logits, xs, counts = base + self.at_logits, base + self.at_xs, base + self.at_counts
-        recv_counts = counts + 4 * self.counts_len
+        logits, xs = base + self.at_logits, base + self.at_xs
+        # at world size 1 the routing weight goes to the down GEMM's row scale (MoELayer's way); combine sums
+        # with unit weights. Not for the exchange alone: with the GEMMs skipped, combine must weigh the rows.
+        row_weight = base + self.at_row_weight if self.local and not exchange_only else 0
 
-        # 1. router, then per chunk: routing, permutation by expert, gather into xs; counts staged [W, C, El]
-        self.router.enqueue(S, px, L.router_b.data.ptr, logits, self.one_group.data.ptr, 0)
+        # 1. router, then per non-empty chunk: routing, permutation by expert, gather into xs
+        if self.tokens:
+            self.router.enqueue(S, px, L.router_b.data.ptr, logits, self.one_group.data.ptr, 0)
         chunk = []  # per chunk: (first token, tokens, routing base, permutation base)
         for c, (t0, n) in enumerate(self.bounds):
+            if n == 0:
+                chunk.append((t0, 0, None, None))
+                continue
             route, perm, gather, _ = self.per_size[n]
             r_at, p_at = base + self.at_route[c], base + self.at_perm[c]
             route.enqueue(S, logits + 4 * t0 * E, r_at)
-            perm.enqueue(S, r_at, p_at, 0)
+            perm.enqueue(S, r_at, p_at, row_weight + 4 * t0 * k if row_weight else 0)
             gather.launch(S, (px + t0 * rb, p_at + perm.out_offsets[0], xs + t0 * k * rb))
-            rt.memcpy2DAsync(counts + 4 * c * El, 4 * C * El, r_at + route.offsets["counts"], 4 * El, 4 * El, W,
-                             _D2D, S)
             chunk.append((t0, n, r_at, p_at))
+        if self.local:
+            return self._local(S, chunk, base, out, pout, exchange_only, ws)
+
+        # counts staged [W, C, El]; an empty chunk's are zeros
+        counts = base + self.at_counts
+        recv_counts = counts + 4 * self.counts_len
+        if any(n == 0 for _, n in self.bounds):
+            rt.memsetAsync(counts, 0, 4 * self.counts_len, S)
+        for c, (t0, n, r_at, p_at) in enumerate(chunk):
+            if n:
+                rt.memcpy2DAsync(counts + 4 * c * El, 4 * C * El, r_at + self.per_size[n][0].offsets["counts"],
+                                 4 * El, 4 * El, W, _D2D, S)
 
         # 2. counts to their ranks, then to the host: the one synchronisation
         nccl.groupStart()
@@ -428,6 +513,7 @@ class _EPCall:
         rt.streamSynchronize(S)
         plan = ExchangePlan(host[:self.counts_len].reshape(W, C, El), host[self.counts_len:].reshape(W, C, El), rank,
                             [n * k for _, n in self.bounds])
+        K = self.stream.ptr
 
         # 3. buffers that depend on the counts: rs (received rows, source-major; chunk c at base[c]), and for the
         # compute h, xe (expert-major rows, one chunk at a time), the reorder indices, the GEMM offsets
@@ -510,10 +596,12 @@ class _EPCall:
                 up.enqueue(S, rs_c, L.w_gate_up.data.ptr, h, off_c, 0)
                 down.enqueue(S, h, L.w_down.data.ptr, rs_c, off_c, 0)
 
-        def combine(c):
+        def combine(c):  # S waits for every return, an empty chunk's too: K reads rs until then
             t0, n, r_at, p_at = chunk[c]
-            route, perm, _, comb = self.per_size[n]
             rt.streamWaitEvent(S, self.ev_ret[c].ptr, 0)
+            if n == 0:
+                return
+            route, perm, _, comb = self.per_size[n]
             comb.launch(S, (xs + t0 * k * rb, p_at + perm.out_offsets[1], r_at + route.offsets["weights"],
                             pout + t0 * rb))
 
@@ -534,4 +622,24 @@ class _EPCall:
         combine(C - 1)
         L.last_exchange = ExchangeRecord(plan, rb, [(*d, *r) for d, r in marks] if record else None)
         del ws, buf2  # back to the pool on S: every later use is ordered after this forward's last combine
+        return out
+
+    def _local(self, S, chunk, base, out, pout, exchange_only, ws):
+        """World size 1: the GEMMs on xs in place (up into h, down back into xs), then combine."""
+        L, k, rb = self.layer, self.layer.top_k, self.row_bytes
+        for t0, n, r_at, p_at in chunk:
+            if n == 0:
+                continue
+            route, perm, _, comb = self.per_size[n]
+            xs_c = base + self.at_xs + t0 * k * rb
+            weights = r_at + route.offsets["weights"]
+            if not exchange_only:
+                up, down = self._gemm_pair(n * k)
+                offsets, row_weight = p_at + perm.out_offsets[2], base + self.at_row_weight + 4 * t0 * k
+                up.enqueue(S, xs_c, L.w_gate_up.data.ptr, base + self.at_h, offsets, 0)
+                down.enqueue(S, base + self.at_h, L.w_down.data.ptr, xs_c, offsets, row_weight)
+                weights = 0  # applied by the down GEMM
+            comb.launch(S, (xs_c, p_at + perm.out_offsets[1], weights, pout + t0 * rb))
+        L.last_exchange = ExchangeRecord(None, rb, None, rows=self.tokens * k)
+        del ws  # back to the pool on S, after the last combine
         return out

@@ -17,9 +17,12 @@ Every rank measures, rank 0 reports; per case and world size:
   exchange alone (the GEMMs skipped) must give back x. A failed check makes the row FAILED and the exit status 1.
 - fwd ms: the median of ``--iters`` forwards (after ``--warmup``), CUDA events on the caller's stream, the slowest
   rank's; tokens/s = W T / that. Every rank runs the same fixed number of forwards: a forward is collective, so
-  ``cukernels.timing``'s adaptive loop (each process stopping on its own noise) would hang the others.
-- x 1-GPU layer: tokens/s over the single-GPU ``MoELayer``'s on T tokens (timed the same way on every rank, the
-  fastest); efficiency = that / W. eff vs EP(1): tokens/s(W) / (W tokens/s(1)) when world size 1 ran too.
+  ``cukernels.timing``'s adaptive loop (each process stopping on its own noise) would hang the others. The
+  timed forwards record nothing; the communication times below come from separate recorded forwards.
+- x 1-GPU MoELayer: tokens/s over the single-GPU ``MoELayer``'s on T tokens (timed the same way on every rank, the
+  fastest); eff vs MoELayer = that / W. scaling vs EP(W=1): tokens/s(W) / (W tokens/s(1)), the expert-parallel
+  layer against itself at world size 1 (weak scaling), when world size 1 ran too; it says nothing of how EP(1)
+  compares with ``MoELayer`` (the column before does).
 - dispatch / combine GB/s per GPU: bytes this rank exchanged with the other ranks (the larger of sent and
   received) over the communication stream's time in that phase, in forwards that skip the GEMMs (the exchange
   alone); the slowest rank's. World size 1 has no other rank: no figure.
@@ -128,7 +131,8 @@ def settings(args, rv: dict | None) -> Settings:
             raise ValueError(f"--top-k {top_k}: must be 1..{min(e, configs.MAX_TOP_K)} with {e} experts")
     check_shards(experts, worlds or ())
     if max(chunks) > min(tokens):
-        raise ValueError(f"--chunks {max(chunks)} is more than --tokens {min(tokens)}: each chunk needs a token")
+        raise ValueError(f"--chunks {max(chunks)} is more than --tokens {min(tokens)}: chunks would be empty "
+                         "(the layer allows it; a benchmark of empty chunks measures nothing)")
     return Settings(hidden=hidden, intermediate=inter, top_k=top_k, experts=experts, tokens=tokens, chunks=chunks,
                     worlds=worlds)
 
@@ -203,8 +207,9 @@ def table(rows: Sequence[dict]) -> str:
 
     body = [{"GPUs": r["world"], "experts": r["experts"], "tokens/GPU": f"{r['tokens_per_gpu']:,}",
              "chunks": r["chunks"], "fwd ms": f"{r['fwd_ms']:.3f}", "tokens/s": f"{r['tokens_per_s']:,.0f}",
-             "x 1-GPU layer": f"{r['speedup_vs_1gpu_layer']:.2f}", "eff": f"{r['efficiency']:.2f}",
-             "eff vs EP(1)": num(r["efficiency_vs_ep1"], ".2f"), "dispatch GB/s": num(r["dispatch_gbs"], ".0f"),
+             "x 1-GPU MoELayer": f"{r['speedup_vs_1gpu_layer']:.2f}",
+             "eff vs MoELayer": f"{r['efficiency']:.2f}",
+             "scaling vs EP(W=1)": num(r["efficiency_vs_ep1"], ".2f"), "dispatch GB/s": num(r["dispatch_gbs"], ".0f"),
              "combine GB/s": num(r["combine_gbs"], ".0f"), "comm share": f"{100 * r['comm_share']:.1f}%",
              "imbalance": f"{r['load_imbalance']:.2f}",
              "check": (f"ok ({r['max_abs']:.2g})" if r["correct"] else
@@ -293,6 +298,15 @@ def _timed(fn, iters: int, warmup: int, stream) -> list[float]:
     return [cupy.cuda.get_elapsed_time(e0, e1) for e0, e1 in marks]
 
 
+def _recorded(layer, x, n: int, exchange_only: bool) -> list:
+    """The exchange records of ``n`` recorded forwards, untimed (every rank runs the same number)."""
+    out = []
+    for _ in range(n):
+        layer(x, exchange_only=exchange_only, record=True)
+        out.append(layer.last_exchange)
+    return out
+
+
 def compare_rows(out, ref, tol, name: str, block: int = 8192) -> dict:
     """``cukernels.checks.compare`` over blocks of rows (a float64 copy of a whole 64k x 4096 output would take
     GBs): passed, the largest error and the relative L2 error over every element."""
@@ -336,22 +350,13 @@ def _run_experts(comm, rank: int, world: int, s: Settings, experts: int, args, s
             same = bool((out.view(cupy.uint16) == again.view(cupy.uint16)).all())
             xo_check = compare_rows(layer(x, exchange_only=True), x, tol, "exchange alone")
             del out, again
-            records = []
-
-            def full():
-                layer(x, record=True)
-                records.append(layer.last_exchange)
-
-            fwd = _timed(full, args.iters, args.warmup, stream)
-            comm_ms = [sum(r.times_ms().values()) for r in records[-args.iters:]]
-            records.clear()
-
-            def alone():
-                layer(x, exchange_only=True, record=True)
-                records.append(layer.last_exchange)
-
-            xo = _timed(alone, args.iters, args.warmup, stream)
-            xo_times = [r.times_ms() for r in records[-args.iters:]]
+            # timed plain; the communication stream's times come from separate recorded forwards (recording
+            # adds 4 events per chunk to a forward, which would inflate fwd ms)
+            fwd = _timed(lambda: layer(x), args.iters, args.warmup, stream)
+            comm_ms = [sum(r.times_ms().values()) for r in _recorded(layer, x, args.iters, False)]
+            xo = _timed(lambda: layer(x, exchange_only=True), args.iters, args.warmup, stream)
+            records = _recorded(layer, x, args.iters, True)
+            xo_times = [r.times_ms() for r in records]
             nbytes = records[-1].bytes()
             vec = {"fwd_ms": np.median(fwd), "comm_ms": np.median(comm_ms), "xo_ms": np.median(xo),
                    "xo_dispatch_ms": np.median([t["dispatch_ms"] for t in xo_times]),
@@ -359,7 +364,7 @@ def _run_experts(comm, rank: int, world: int, s: Settings, experts: int, args, s
                    "dispatch_out_b": nbytes["dispatch_out"], "dispatch_in_b": nbytes["dispatch_in"],
                    "ok": check["passed"], "deterministic": same, "max_abs": check["max_abs"],
                    "rel_l2": check["rel_l2"], "xo_ok": xo_check["passed"],
-                   "rows": int(records[-1].plan.rows.sum()), "single_ms": single_ms}
+                   "rows": records[-1].rows, "single_ms": single_ms}
             mine = cupy.asarray([float(vec[k]) for k in METRICS], dtype=cupy.float64)
             every = cupy.empty((world, len(METRICS)), dtype=cupy.float64)
             comm.allGather(mine.data.ptr, every.data.ptr, len(METRICS), nccl.NCCL_FLOAT64, stream.ptr)
@@ -376,7 +381,9 @@ def rank_main(rank: int, world: int, local_rank: int, uid: tuple, args) -> list[
     from cupy.cuda import nccl
 
     s = settings(argparse.Namespace(**{**vars(args), "gpus": None}), {"world": world})
-    cupy.cuda.Device(local_rank).use()
+    from cukernels.comm import device_index
+
+    cupy.cuda.Device(device_index(local_rank, cupy.cuda.runtime.getDeviceCount())).use()
     comm = nccl.NcclCommunicator(world, uid, rank)
     stream = cupy.cuda.Stream(non_blocking=True)
     rows = []
@@ -387,16 +394,52 @@ def rank_main(rank: int, world: int, local_rank: int, uid: tuple, args) -> list[
     return rows
 
 
-def _child(rank: int, world: int, uid: tuple, args, queue) -> None:
+def uneven_rank_main(rank: int, world: int, local_rank: int, uid: tuple, args) -> list[dict]:
+    """A correctness run (no timing) with ``args.rank_tokens[rank]`` tokens on this rank (0 allowed; fewer than
+    ``args.chunks`` leaves chunks empty): the output against the single-GPU ``MoELayer`` on the same weights, raising
+    ``AssertionError`` when it differs. Layer sizes from ``args``: experts, hidden, intermediate, top_k, dtype,
+    seed."""
+    import cupy
+    from cupy.cuda import nccl
+
+    from cukernels import checks, dtypes
+    from cukernels.comm import device_index
+
+    from .ep import ExpertParallelMoE
+    from .layer import MoELayer
+
+    cupy.cuda.Device(device_index(local_rank, cupy.cuda.runtime.getDeviceCount())).use()
+    comm = nccl.NcclCommunicator(world, uid, rank)
+    dt = dtypes.from_name(args.dtype)
+    router, w_gu, w_down = layer_weights(args.experts, args.hidden, args.intermediate, dt, args.seed)
+    tokens = args.rank_tokens[rank]
+    x = (dtypes.random((tokens, args.hidden), dt, seed=args.seed * 7919 + 1000 + rank) if tokens
+         else cupy.empty((0, args.hidden), dtype=dt))
+    layer = ExpertParallelMoE.from_full(comm, rank, world, router, w_gu, w_down, args.top_k, chunks=args.chunks)
+    out = layer(x)
+    plan = layer.last_exchange.plan
+    if tuple(out.shape) != (tokens, args.hidden):
+        raise AssertionError(f"rank {rank}: output shape {tuple(out.shape)}, expected {(tokens, args.hidden)}")
+    if tokens:
+        check = compare_rows(out, MoELayer(router, w_gu, w_down, args.top_k)(x), checks.TOLERANCES[args.dtype],
+                             "EP output vs MoELayer")
+        if not check["passed"]:
+            raise AssertionError(f"rank {rank} ({tokens} tokens): EP output differs from MoELayer's: {check}")
+    cupy.cuda.get_current_stream().synchronize()
+    return [{"rank": rank, "tokens": tokens, "rows_computed": int(plan.rows.sum()) if plan is not None else None,
+             "sent_rows": plan.send_rows.tolist() if plan is not None else None}]
+
+
+def _child(rank: int, world: int, uid: tuple, args, queue, main=rank_main) -> None:
     try:
-        queue.put((rank, rank_main(rank, world, rank, uid, args), None))
+        queue.put((rank, main(rank, world, rank, uid, args), None))
     except BaseException as exc:  # reported by the parent, which exits non-zero
         queue.put((rank, None, f"{type(exc).__name__}: {exc}"))
 
 
-def launch_local(world: int, args) -> list[dict]:
-    """Start ``world`` processes on this node (one per GPU, as ``cukernels.comm.launch_local``) and return rank
-    0's rows."""
+def launch_local(world: int, args, main=rank_main) -> list[dict]:
+    """Start ``world`` processes on this node (one per GPU, as ``cukernels.comm.launch_local``), each running
+    ``main(rank, world, local_rank, uid, args)`` (``rank_main``: the bench), and return rank 0's rows."""
     import multiprocessing as mp
 
     os.environ.setdefault("NCCL_NVLS_ENABLE", "0")
@@ -405,7 +448,7 @@ def launch_local(world: int, args) -> list[dict]:
     uid = nccl.get_unique_id()
     ctx = mp.get_context("spawn")
     queue = ctx.Queue()
-    procs = [ctx.Process(target=_child, args=(r, world, uid, args, queue)) for r in range(world)]
+    procs = [ctx.Process(target=_child, args=(r, world, uid, args, queue, main)) for r in range(world)]
     for p in procs:
         p.start()
     results, errors = {}, []

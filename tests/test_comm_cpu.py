@@ -45,11 +45,66 @@ def test_rendezvous_environment():
     assert comm.rendezvous_env({}) is None
     rv = comm.rendezvous_env({"RANK": "3", "WORLD_SIZE": "8", "LOCAL_RANK": "1", "MASTER_ADDR": "node0",
                               "MASTER_PORT": "1234"})
-    assert rv == {"rank": 3, "world": 8, "local_rank": 1, "addr": "node0", "port": 1234}
+    assert rv == {"rank": 3, "world": 8, "local_rank": 1, "addr": "node0", "port": 1234, "store_server": False,
+                  "store_key": "cukernels.comm.nccl_id.0"}
     slurm = comm.rendezvous_env({"SLURM_PROCID": "2", "SLURM_NTASKS": "4", "SLURM_LOCALID": "0"})
     assert slurm["rank"] == 2 and slurm["world"] == 4 and slurm["local_rank"] == 0 and slurm["port"] == 29500
     with pytest.raises(ValueError, match="outside WORLD_SIZE"):
         comm.rendezvous_env({"RANK": "4", "WORLD_SIZE": "4"})
+
+
+def test_store_server_under_torchrun_agent():
+    """torchrun (TORCHELASTIC_USE_AGENT_STORE=True) already serves the TCPStore on MASTER_PORT: rank 0 must connect
+    as a client there; without the agent store (plain Slurm, or torchrun told otherwise) rank 0 serves it."""
+    plain = {"RANK": "0", "WORLD_SIZE": "2", "MASTER_PORT": "29400"}
+    assert comm.rendezvous_env(plain)["store_server"] is True
+    assert comm.rendezvous_env({**plain, "RANK": "1"})["store_server"] is False
+    agent = {**plain, "TORCHELASTIC_USE_AGENT_STORE": "True", "TORCHELASTIC_RESTART_COUNT": "2"}
+    rv = comm.rendezvous_env(agent)
+    assert rv["store_server"] is False and rv["store_key"] == "cukernels.comm.nccl_id.2"  # fresh key per restart
+    assert comm.rendezvous_env({**agent, "TORCHELASTIC_USE_AGENT_STORE": "False"})["store_server"] is True
+    assert comm.rendezvous_env({"SLURM_PROCID": "0", "SLURM_NTASKS": "2"})["store_server"] is True
+    assert not comm.store_server_here(0, {"TORCHELASTIC_USE_AGENT_STORE": "true"})
+
+
+def test_store_roles_reach_tcpstore(monkeypatch):
+    """What _unique_id_through_store hands TCPStore (a recording stand-in, no network): the server flag from the
+    environment's decision, the per-restart key for both the set and the get."""
+    import sys
+    import types
+
+    made, kv = [], {}
+
+    class Store:
+        def __init__(self, addr, port, world, is_master):
+            made.append((addr, port, world, is_master))
+
+        def set(self, key, value):
+            kv[key] = value
+
+        def get(self, key):
+            return kv[key].encode() if isinstance(kv[key], str) else kv[key]
+
+    nccl = types.SimpleNamespace(get_unique_id=lambda: (1, 2, 3))
+    monkeypatch.setitem(sys.modules, "torch", types.ModuleType("torch"))
+    monkeypatch.setitem(sys.modules, "torch.distributed", types.SimpleNamespace(TCPStore=Store))
+    cuda = types.SimpleNamespace(nccl=nccl)
+    monkeypatch.setitem(sys.modules, "cupy", types.SimpleNamespace(cuda=cuda))
+    monkeypatch.setitem(sys.modules, "cupy.cuda", cuda)
+    monkeypatch.setitem(sys.modules, "cupy.cuda.nccl", nccl)
+    env = {"RANK": "0", "WORLD_SIZE": "2", "MASTER_ADDR": "n0", "MASTER_PORT": "29400",
+           "TORCHELASTIC_USE_AGENT_STORE": "True"}
+    assert comm._unique_id_through_store(comm.rendezvous_env(env)) == (1, 2, 3)
+    assert made == [("n0", 29400, 2, False)] and list(kv) == ["cukernels.comm.nccl_id.0"]
+
+
+def test_device_index_wraps_the_local_rank():
+    """Slurm may give each task only its own GPU while SLURM_LOCALID counts the node's tasks: local % visible."""
+    assert comm.device_index(0, 8) == 0 and comm.device_index(5, 8) == 5
+    assert comm.device_index(3, 1) == 0 and comm.device_index(5, 2) == 1
+    for bad_local, count, words in ((0, 0, "no visible GPU"), (-1, 2, "local rank must be")):
+        with pytest.raises(ValueError, match=words):
+            comm.device_index(bad_local, count)
 
 
 def test_tables_show_every_row(capsys):

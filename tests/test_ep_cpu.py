@@ -34,11 +34,13 @@ def test_chunk_bounds():
     assert ep.chunk_bounds(10, 3) == [(0, 4), (4, 3), (7, 3)]
     assert ep.chunk_bounds(8, 1) == [(0, 8)]
     assert ep.chunk_bounds(4, 4) == [(0, 1), (1, 1), (2, 1), (3, 1)]
+    assert ep.chunk_bounds(2, 4) == [(0, 1), (1, 1), (2, 0), (2, 0)]  # empty chunks still take part
+    assert ep.chunk_bounds(0, 3) == [(0, 0)] * 3
     b = ep.chunk_bounds(32769, 4)
     assert sum(n for _, n in b) == 32769 and max(n for _, n in b) - min(n for _, n in b) <= 1
     assert all(s + n == t for (s, n), (t, _) in zip(b, b[1:]))
-    with pytest.raises(ValueError, match="chunks=5 is more than the 4 tokens"):
-        ep.chunk_bounds(4, 5)
+    with pytest.raises(ValueError, match="tokens must be an int >= 0"):
+        ep.chunk_bounds(-1, 2)
     with pytest.raises(ValueError, match="chunks must be an int >= 1"):
         ep.chunk_bounds(4, 0)
 
@@ -315,6 +317,7 @@ def test_single_gpu_suites_unchanged(capsys):
 # tests' business). The output must be the NumPy reference layer's on each rank's tokens.
 
 import ctypes  # noqa: E402
+import re  # noqa: E402
 import sys  # noqa: E402
 import threading  # noqa: E402
 import types  # noqa: E402
@@ -377,8 +380,9 @@ class _Route:
 class _Permute:
     def __init__(self, route, block_m, frame):
         self.route, rows, e = route, route.tokens * route.top_k, route.experts
-        self.out_offsets = (0, 4 * rows, 8 * rows, 8 * rows)
-        self.nbytes = 8 * rows + 4 * (e + 1)
+        up = lambda n: -(-n // 256) * 256  # noqa: E731  (the real layout: each field 256-byte aligned)
+        self.out_offsets = (0, up(4 * rows), 2 * up(4 * rows), 2 * up(4 * rows))
+        self.nbytes = 2 * up(4 * rows) + up(4 * (e + 1))
 
     def enqueue(self, stream, routing_base, base, row_weight):
         r = self.route
@@ -388,6 +392,11 @@ class _Permute:
         inverse = np.empty_like(order)
         inverse[order] = np.arange(order.size)
         _mem(base + self.out_offsets[1], order.shape, np.int32)[:] = inverse
+        counts = np.bincount(ids, minlength=r.experts)
+        _mem(base + self.out_offsets[2], (r.experts + 1,), np.int32)[:] = np.concatenate([[0], np.cumsum(counts)])
+        if row_weight:
+            w = _mem(routing_base + r.offsets["weights"], (r.tokens * r.top_k,), np.float32)
+            _mem(row_weight, order.shape, np.float32)[:] = w[order]
 
 
 class _Launch:
@@ -427,27 +436,33 @@ class _Gemm:
         b = _mem(pb, (p.experts, p.n, p.k), self.dtype).astype(np.float32)
         n_out = p.n // 2 if p.epilogue == "swiglu" else p.n
         out = _mem(pout, (int(off[-1]), n_out), self.out_dtype)
+        scale = _mem(pscale, (int(off[-1]), 1), np.float32) if pscale else np.ones((int(off[-1]), 1), np.float32)
         for e in range(p.experts):
             y = a[off[e]:off[e + 1]] @ b[e].T
             if p.epilogue == "swiglu":
                 y = y[:, 0::2] / (1 + np.exp(-y[:, 0::2])) * y[:, 1::2]
-            out[off[e]:off[e + 1]] = y
+            out[off[e]:off[e + 1]] = y * scale[off[e]:off[e + 1]]  # the row scale, in fp32 before rounding
 
 
 class _Nccl:
-    NCCL_INT32, NCCL_UINT8 = 7, 1
-    _SIZE = {7: 4, 1: 1}
+    NCCL_INT32, NCCL_UINT8, NCCL_INT64, NCCL_MIN = 7, 1, 4, 3
+    _SIZE = {7: 4, 1: 1, 4: 8}
 
-    def __init__(self):
+    def __init__(self, world=1):
         self.box = defaultdict(deque)
         self.cond = threading.Condition()
         self.local = threading.local()
+        self.barrier = threading.Barrier(world, timeout=20)
+        self.reduce_in = {}
+        self.groups = defaultdict(int)  # per rank (thread name): NCCL groups issued (every rank issues as many)
+        self.calls = defaultdict(int)  # per rank: sends, receives and all-reduces
 
     def groupStart(self):
         self.local.ops = []
 
     def groupEnd(self):
         ops, self.local.ops = self.local.ops, None
+        self.groups[threading.current_thread().name] += 1  # empty groups too: a real one is still collective
         with self.cond:
             for kind, rank, ptr, n, peer in ops:
                 if kind == "send":
@@ -465,19 +480,31 @@ class _Nccl:
 
         class Comm:
             def send(self, ptr, count, dtype, peer, stream):
+                lib.calls[rank] += 1
                 lib.local.ops.append(("send", rank, ptr, count * lib._SIZE[dtype], peer))
 
             def recv(self, ptr, count, dtype, peer, stream):
+                lib.calls[rank] += 1
                 lib.local.ops.append(("recv", rank, ptr, count * lib._SIZE[dtype], peer))
+
+            def allReduce(self, send, recv, count, dtype, op, stream):
+                assert dtype == lib.NCCL_INT64 and op == lib.NCCL_MIN
+                lib.calls[rank] += 1
+                lib.reduce_in[rank] = _mem(send, (count,), np.int64).copy()
+                lib.barrier.wait()
+                _mem(recv, (count,), np.int64)[:] = np.min(np.stack(list(lib.reduce_in.values())), axis=0)
+                lib.barrier.wait()
         return Comm()
 
 
-def _fake_cupy(nccl):
+def _fake_cupy(nccl, syncs):
     rt = types.SimpleNamespace(
         memcpy2DAsync=lambda dst, dp, src, sp, w, h, kind, s: [ctypes.memmove(dst + i * dp, src + i * sp, w)
                                                                for i in range(h)],
         memcpyAsync=lambda dst, src, n, kind, s: ctypes.memmove(dst, src, n),
-        streamSynchronize=lambda s: None, eventRecord=lambda e, s: None, streamWaitEvent=lambda s, e, f=0: None,
+        memsetAsync=lambda dst, value, n, s: ctypes.memset(dst, value, n),
+        streamSynchronize=lambda s: syncs.append(s), eventRecord=lambda e, s: None,
+        streamWaitEvent=lambda s, e, f=0: None,
         eventElapsedTime=lambda a, b: 0.5)
     event = lambda **kw: types.SimpleNamespace(ptr=3, synchronize=lambda: None)  # noqa: E731
     cuda = types.SimpleNamespace(runtime=rt, nccl=nccl, Event=event, alloc_pinned_memory=lambda n: bytearray(n),
@@ -485,48 +512,70 @@ def _fake_cupy(nccl):
     return types.SimpleNamespace(cuda=cuda, int32=np.int32, asarray=lambda a, dtype=None: _Dev(np.asarray(a, dtype)))
 
 
-def _fake_forward(monkeypatch, world, experts, tokens, chunks, *, exchange_only=False, force_reorder=False):
-    hidden, inter, top_k = 16, 8, 2
-    nccl = _Nccl()
-    cp = _fake_cupy(nccl)
+def _fake_env(monkeypatch, world):
+    """Fake CuPy, NCCL and kernels installed for ``world`` ranks (threads): (nccl, host synchronisations)."""
+    nccl, syncs = _Nccl(world), []
+    cp = _fake_cupy(nccl, syncs)
     monkeypatch.setitem(sys.modules, "cupy", cp)
     monkeypatch.setitem(sys.modules, "cupy.cuda", cp.cuda)
     monkeypatch.setitem(sys.modules, "cupy.cuda.nccl", nccl)
     for name, fake in (("RouteCall", _Route), ("PermuteCall", _Permute), ("GemmCall", _Gemm),
                        ("gather_launcher", _gather), ("combine_launcher", _combine)):
         monkeypatch.setattr(ep, name, fake)
+    return nccl, syncs
+
+
+def _on_ranks(world, fn):
+    """fn(rank) on one thread per rank; the errors each rank raised."""
+    errors = {}
+
+    def main(rank):
+        try:
+            fn(rank)
+        except BaseException as exc:  # reported by the test
+            errors[rank] = f"{type(exc).__name__}: {exc}"
+
+    threads = [threading.Thread(target=main, args=(r,), name=f"rank {r}") for r in range(world)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=60)
+    assert not any(t.is_alive() for t in threads), "a rank is stuck (waiting for a peer that never came)"
+    return errors
+
+
+def _fake_forward(monkeypatch, world, experts, tokens, chunks, *, exchange_only=False, force_reorder=False):
+    hidden, inter, top_k = 16, 8, 2
+    nccl, syncs = _fake_env(monkeypatch, world)
     rng = np.random.default_rng(world * 10 + chunks)
     router = rng.standard_normal((hidden, experts)).astype(np.float16)
     w_gu = (rng.standard_normal((experts, 2 * inter, hidden)) / 4).astype(np.float16)
     w_down = (rng.standard_normal((experts, hidden, inter)) / 3).astype(np.float16)
     xs = [rng.standard_normal((t, hidden)).astype(np.float16) for t in tokens]
-    outs, errors, records = [None] * world, [], [None] * world
+    outs, records = [None] * world, [None] * world
 
     def rank_main(rank):
-        try:
-            lo, hi = ep.shard_range(experts, world, rank)
-            layer = types.SimpleNamespace(
-                dtype=np.dtype(np.float16), hidden=hidden, intermediate=inter, top_k=top_k, experts=experts,
-                chunks=chunks, world=world, rank=rank, local_experts=hi - lo, activation="swiglu",
-                comm=nccl.comm(rank), router_b=_Dev(router.T[None]), w_gate_up=_Dev(w_gu[lo:hi]),
-                w_down=_Dev(w_down[lo:hi]), last_exchange=None)
-            call = ep._EPCall(layer, tokens[rank], _Frame())
-            call.reorder = call.reorder or force_reorder
-            x = _Dev(xs[rank])
-            outs[rank] = call(x.data.ptr, exchange_only, True).copy()
-            records[rank] = layer.last_exchange
-        except BaseException as exc:  # reported by the test
-            errors.append(f"rank {rank}: {type(exc).__name__}: {exc}")
+        lo, hi = ep.shard_range(experts, world, rank)
+        layer = types.SimpleNamespace(
+            dtype=np.dtype(np.float16), hidden=hidden, intermediate=inter, top_k=top_k, experts=experts,
+            chunks=chunks, world=world, rank=rank, local_experts=hi - lo, activation="swiglu",
+            comm=nccl.comm(rank), router_b=_Dev(router.T[None]), w_gate_up=_Dev(w_gu[lo:hi]),
+            w_down=_Dev(w_down[lo:hi]), last_exchange=None)
+        call = ep._EPCall(layer, tokens[rank], _Frame())
+        if force_reorder:
+            call.reorder = True
+        x = _Dev(xs[rank])
+        outs[rank] = call(x.data.ptr, exchange_only, True).copy()
+        records[rank] = layer.last_exchange
 
-    threads = [threading.Thread(target=rank_main, args=(r,)) for r in range(world)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join(timeout=60)
+    errors = _on_ranks(world, rank_main)
     assert not errors, errors
     from moe.layer import reference_forward
 
     for rank in range(world):
+        assert outs[rank].shape == (tokens[rank], hidden)
+        if tokens[rank] == 0:
+            continue
         if exchange_only:
             ref = xs[rank].astype(np.float64)
         else:
@@ -534,22 +583,81 @@ def _fake_forward(monkeypatch, world, experts, tokens, chunks, *, exchange_only=
         assert np.isfinite(outs[rank]).all(), f"rank {rank}: unwritten output rows"
         np.testing.assert_allclose(outs[rank].astype(np.float64), ref, atol=2e-2, rtol=2e-2,
                                    err_msg=f"rank {rank} of {world}")
-    return records
+    if world > 1:  # every rank issued the same NCCL groups: the counts, then a dispatch and a return per chunk
+        assert [nccl.groups[f"rank {r}"] for r in range(world)] == [1 + 2 * chunks] * world
+    return types.SimpleNamespace(records=records, nccl=nccl, syncs=syncs)
 
 
-@pytest.mark.parametrize("world, experts, chunks, force", [(1, 8, 1, False), (1, 8, 3, False), (1, 8, 3, True),
-                                                           (2, 8, 1, False), (2, 8, 3, False), (4, 8, 2, False),
-                                                           (4, 4, 2, False)])
+@pytest.mark.parametrize("world, experts, chunks, force", [(2, 8, 1, False), (2, 8, 3, False), (4, 8, 2, False),
+                                                           (4, 4, 2, False), (4, 4, 2, True)])
 def test_forward_moves_rows_through_fake_gpus(monkeypatch, world, experts, chunks, force):
-    tokens = [23 + 7 * r for r in range(world)]
-    records = _fake_forward(monkeypatch, world, experts, tokens, chunks, force_reorder=force)
-    for rank, rec in enumerate(records):
+    tokens = [23 + 7 * r for r in range(world)]  # unequal tokens per rank
+    run = _fake_forward(monkeypatch, world, experts, tokens, chunks, force_reorder=force)
+    for rank, rec in enumerate(run.records):
         assert int(rec.plan.send_rows.sum()) == tokens[rank] * 2
         assert rec.times_ms() == {"dispatch_ms": 0.5 * chunks, "return_ms": 0.5 * chunks}
         b = rec.bytes()
         assert b["dispatch_out"] == b["return_in"] == rec.plan.remote_sent_rows * 16 * 2
+    assert len(run.syncs) == world  # one host wait per rank: the counts
+
+
+@pytest.mark.parametrize("chunks", [1, 3])
+def test_world_one_takes_no_exchange(monkeypatch, chunks):
+    """World size 1: MoELayer's launches, no NCCL call, no host wait; chunks change nothing (nothing to overlap)."""
+    run = _fake_forward(monkeypatch, 1, 8, [29], chunks)
+    (rec,) = run.records
+    assert rec.plan is None and rec.rows == 29 * 2
+    assert rec.times_ms() == {"dispatch_ms": 0.0, "return_ms": 0.0} and set(rec.bytes().values()) == {0}
+    assert run.nccl.calls[0] == 0 and not run.nccl.groups and run.syncs == []
+
+
+@pytest.mark.parametrize("world, tokens, chunks", [(2, [0, 19], 3), (2, [19, 0], 1), (4, [5, 0, 2, 40], 3),
+                                                   (3, [0, 0, 0], 2), (1, [0], 2)])
+def test_empty_ranks_and_chunks_still_exchange(monkeypatch, world, tokens, chunks):
+    """A rank with no tokens, or fewer tokens than chunks, sends zero counts and still takes part in every
+    exchange; its peers' rows are computed by its experts all the same."""
+    experts = 4 * world
+    run = _fake_forward(monkeypatch, world, experts, tokens, chunks)
+    if world > 1:
+        total_in = sum(int(r.plan.rows.sum()) for r in run.records)
+        assert total_in == 2 * sum(tokens)
+        for rank, rec in enumerate(run.records):
+            assert int(rec.plan.send_rows.sum()) == 2 * tokens[rank]
+
+
+def test_chunk_with_no_rows_for_a_peer(monkeypatch):
+    """One token per chunk, top-2 over 4 ranks: every chunk leaves at least two peers with no rows."""
+    run = _fake_forward(monkeypatch, 4, 8, [3, 3, 3, 3], 3)
+    for rec in run.records:
+        assert ((rec.plan.send_rows == 0).sum(axis=1) >= 2).all()
 
 
 @pytest.mark.parametrize("world, chunks", [(1, 2), (2, 3)])
 def test_exchange_alone_gives_x_back(monkeypatch, world, chunks):
     _fake_forward(monkeypatch, world, 8, [31] * world, chunks, exchange_only=True)
+
+
+_FIELDS = dict(world=3, experts=12, local_experts=4, chunks=2, top_k=2, hidden=16, intermediate=8, dtype=1,
+               activation=0)
+
+
+@pytest.mark.parametrize("bad_rank, change, words", [
+    (None, {}, None), (2, {"chunks": 3}, r"chunks \(from 2 to 3\)"),
+    (0, {"top_k": 1, "hidden": 32}, r"top_k \(from 1 to 2\), hidden \(from 16 to 32\)"),
+    (1, {"ok": False}, "another rank's forward failed")])
+def test_ranks_must_agree(monkeypatch, bad_rank, change, words):
+    """One all-reduce tells every rank that the ranks disagree (or that one's x failed its checks): every rank
+    raises, none waits."""
+    nccl, syncs = _fake_env(monkeypatch, 3)
+
+    def rank_main(rank):
+        mine = {**_FIELDS, **(change if rank == bad_rank else {})}
+        ok = mine.pop("ok", True)
+        ep.check_agreement(nccl.comm(rank), 3, mine, 1, ok)
+
+    errors = _on_ranks(3, rank_main)
+    if words is None:
+        assert not errors and len(syncs) == 3
+    else:
+        expect = [r for r in range(3) if r != bad_rank] if "ok" in change else list(range(3))
+        assert sorted(errors) == expect and all(re.search(words, e) for e in errors.values()), errors

@@ -3,6 +3,7 @@ grouped GEMM accepts, the expected tables' rows and assumptions, the command lin
 argument checks of the norm/rotary ops, the NumPy reference's pieces, and the offline compile of norm_rope.cu."""
 from __future__ import annotations
 
+import json
 import subprocess
 import sys
 import tomllib
@@ -117,7 +118,18 @@ def test_the_h200_run_scores_against_the_h100_rows():
     rows, _ = bench.expected_rows(device.profile("h100"), "auto")
     assert bench.find_expected(rows, configs.CASES["large_b8_s2048"])["expected_ms"] == 185.0
     assert bench.gate_pct(device.profile("h100"), "auto") == 40
-    assert bench.default_out(device.profile("h100")).parts[-3:] == ("results", "h100", "models.json")
+
+
+def test_json_only_with_out(tmp_path, capsys):
+    assert bench.parser().parse_args(["--quick"]).out is None  # nothing written to docs/results by default
+    case = configs.QUICK[0]
+    row = bench.ModelResult(case=case.name, model=case.model.name, impl="ours", batch=case.batch, seq=case.seq,
+                            tokens=case.tokens, status="ok", median_ms=1.0)
+    out = tmp_path / "r" / "models.json"
+    bench.write_json(out, [row], [case], "note", 40.0, ["--quick", "--out", str(out)])
+    doc = json.loads(out.read_text())
+    assert doc["results"][0]["median_ms"] == 1.0 and doc["command"].endswith(f"--out {out}")
+    assert {"tune_cache", "tuned"} <= set(doc["environment"])
 
 
 # ---------------------------------------------------------------- command line
@@ -166,6 +178,14 @@ def test_norm_and_rotary_refuse_host_arrays_and_bad_shapes():
     cos, sin = norm_rope.rotary_tables(8, 64)
     with pytest.raises(TypeError, match="qkv must be"):
         norm_rope.rotary_(np.zeros((8, 3, 64), dtype=dtypes.BF16), cos, sin, seq=8, rot_heads=2)
+
+
+def test_rotary_refuses_no_tokens(monkeypatch):
+    monkeypatch.setattr(norm_rope, "_device_of", lambda name, t: 0)  # host arrays stand in for device ones
+    cos, sin = norm_rope.rotary_tables(8, 64)
+    with pytest.raises(ValueError, match=r"qkv must hold at least one token \(qkv.shape\[0\]\)"):
+        norm_rope.validate_rotary(np.zeros((0, 3, 64), dtype=dtypes.BF16), cos, sin, 8, 2)
+    assert norm_rope.validate_rotary(np.zeros((8, 3, 64), dtype=dtypes.BF16), cos, sin, 8, 2)[0] == 8
 
 
 # ---------------------------------------------------------------- the NumPy reference

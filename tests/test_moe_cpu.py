@@ -157,6 +157,13 @@ def test_suites_name_seed004_shapes():
         suites.suite("nope")
 
 
+def test_equal_gemm_offsets_spread_the_remainder():
+    assert bench.gemm_offsets(10, 4, "equal").tolist() == [0, 3, 6, 8, 10]  # no row dropped
+    assert bench.gemm_offsets(8, 4, "equal").tolist() == [0, 2, 4, 6, 8]
+    assert bench.gemm_offsets(3, 4, "equal").tolist() == [0, 1, 2, 3, 3]
+    assert bench.gemm_offsets(100, 7, "random", seed=1)[-1] == 100
+
+
 @pytest.mark.parametrize("name", device.profile_names())
 def test_bench_plan_for_every_profile(name):
     buf = io.StringIO()

@@ -133,6 +133,23 @@ def test_counter_permission_error_is_said(monkeypatch):
     assert "performance counters" in out["error"]
 
 
+def test_a_timeout_is_an_error_not_a_traceback(monkeypatch):
+    def fake_run(cmd, **kw):
+        raise subprocess.TimeoutExpired(cmd, kw["timeout"])
+
+    monkeypatch.setattr(ncu.subprocess, "run", fake_run)
+    out = ncu.profile("ncu", "moe.bench", ncu.Target(name="gemm", bench_args=[], kernel_regex="x"), timeout=5)
+    assert "5 s timeout" in out["error"] and out["launches"] == [] and out["returncode"] is None
+    assert "ERROR" in ncu.table(ncu.rows_of([out]))
+
+
+def test_a_failing_profiled_run_is_reported_beside_its_figures(monkeypatch):
+    monkeypatch.setattr(ncu.subprocess, "run", lambda cmd, **kw: subprocess.CompletedProcess(
+        cmd, 1, SAMPLE_RAW, "FAILED check: rel_l2 0.5"))
+    out = ncu.profile("ncu", "moe.bench", ncu.Target(name="gemm", bench_args=[], kernel_regex="moe_grouped_gemm"))
+    assert out["launches"] and "exited 1" in out["error"] and "FAILED check" in out["error"]
+
+
 @pytest.mark.parametrize("bench", ["attention", "moe"])
 def test_no_ncu_or_nsys_on_path_is_a_clear_message_and_exit_0(bench, monkeypatch, capsys):
     from attention import bench as attention_bench
@@ -168,3 +185,8 @@ def test_nsys_argv_drops_only_its_own_flag():
                                                                                          "--backward"]
     assert ncu._without_nsys(["--nsys", "--case", "a"]) == ["--case", "a"]
     assert ncu._without_nsys(["--nsys=x", "--case", "a"]) == ["--case", "a"]
+    # argparse's abbreviations of --nsys: the child must not run nsys inside nsys
+    assert ncu._without_nsys(["--nsy", "out/t", "--case", "a"]) == ["--case", "a"]
+    assert ncu._without_nsys(["--ns=x", "--case", "a"]) == ["--case", "a"]
+    assert ncu._without_nsys(["--nsy", "--case", "a"]) == ["--case", "a"]
+    assert ncu._without_nsys(["--ncu", "--no-causal", "-n"]) == ["--ncu", "--no-causal", "-n"]

@@ -192,6 +192,9 @@ def test_gemm_and_backward_planners_read_the_cache():
     last = bwd_configs.candidates(p, spec)[-1]
     tune.live_cache(spec).put(bwd_configs.OP, p, tune.revision(bwd_configs.tune_files()), _entry(last))
     assert bwd_configs.plan_backward(p, spec).config == last
+    # tuned with dQ atomics: a deterministic backward (its own dQ kernel, never timed) keeps the heuristic's tiles
+    plan = bwd_configs.plan_backward(p, spec, deterministic=True)
+    assert plan.source != tune.SOURCE and plan.config == tune.heuristic(bwd_configs.plan_backward, p, spec).config
 
 
 # ---------------------------------------------------------------- candidates
@@ -349,3 +352,70 @@ def test_bench_flags_need_a_gpu_and_say_so(capsys):
         for flag in ("--tune", "--sweep"):
             assert main(["--suite", "seed004", flag]) == 0
             assert "No CUDA GPU" in capsys.readouterr().err
+
+
+def test_a_repeated_key_in_one_run_is_same_key_not_cached(tmp_path, stub_gpu):
+    cache, stored = tune.TuneCache("GPU", "1.0"), {}
+    t = _tunable(tmp_path, {64: 2.0, 32: 1.0})
+    [first] = tune.tune_case(_op(), types.SimpleNamespace(name="E32_equal"), [t], cache, stored=stored,
+                             progress=None)
+    n = len(stub_gpu)
+    [second] = tune.tune_case(_op(), types.SimpleNamespace(name="E32_random"), [t], cache, stored=stored,
+                              progress=None)
+    assert first.status == "tuned" and second.status == "same key" and len(stub_gpu) == n
+    assert "E32_equal / kernel" in second.reason and second.tuned_ms is None
+    assert "same key" in tune.tune_table([first, second])
+    [swept] = tune.tune_case(_op(), types.SimpleNamespace(name="E32_random"), [t], cache, sweep=True,
+                             stored=stored, progress=None)
+    assert swept.status == "swept" and "E32_equal" in swept.reason and len(stub_gpu) > n
+    assert list(stored.values()) == ["E32_random / kernel"]  # the entry is now the sweep's
+    [cached] = tune.tune_case(_op(), types.SimpleNamespace(name="E32_random"), [t], cache, progress=None)
+    assert cached.status == "cached"  # another run: read from the cache
+
+
+def test_a_config_that_fails_its_check_shows_in_the_table(tmp_path, stub_gpu):
+    [r] = tune.tune_case(_op(), types.SimpleNamespace(name="c"), [_tunable(tmp_path, {64: 2.0, 32: 1.0}, bad={32})],
+                         tune.TuneCache("GPU", "1.0"), progress=None)
+    assert r.status == "tuned" and tune.failed_checks(r) == 1 and "failed the check" in r.reason
+    assert "tuned (1 failed check)" in tune.tune_table([r])
+
+
+def test_run_cli_says_same_key_fails_on_a_failed_check_and_forgets_plans(tmp_path, stub_gpu, monkeypatch, capsys):
+    import functools
+
+    from cukernels import cli
+    from moe import bench as moe_bench
+    from moe import launch
+
+    spec = _live()
+    monkeypatch.setattr(tune._device, "gpu_available", lambda: True)
+    monkeypatch.setattr(tune._device, "current", lambda: spec)
+    memo = functools.lru_cache(maxsize=None)(lambda *a: a)
+    monkeypatch.setattr(launch, "_plan", memo)
+    ob = dataclasses.replace(moe_bench.OP_BENCH, op=lambda args: _op())
+    argv = ["--suite", "gemm", "--case", "E32", "--tune"]
+    good = _tunable(tmp_path, {64: 2.0, 32: 1.0})
+    memo(1)
+    assert tune.run_cli(ob, argv, lambda case, spec, args: [good]) == cli.EXIT_OK
+    out = capsys.readouterr().out
+    assert memo.cache_info().currsize == 0  # moe.launch's memoised plans would keep the old choice
+    assert "same key" in out and "gemm_8192x11008x4096_E32_equal / kernel" in out
+    bad = _tunable(tmp_path, {64: 2.0, 32: 1.0}, bad={32})
+    assert tune.run_cli(ob, [*argv, "--retune"], lambda case, spec, args: [bad]) == cli.EXIT_FAILED
+    assert "1 failed check" in capsys.readouterr().out
+
+
+def test_environment_records_the_tuned_cache_in_use(monkeypatch):
+    from cukernels import environment
+
+    spec = _live()
+    assert environment.tuning(None) == {"tune_cache": None, "tuned": "1"}
+    assert environment.tuning(spec)["tune_cache"] is None  # no file yet
+    cache = tune.live_cache(spec)
+    cache.put("test.op", _fwd(), "r", {})
+    monkeypatch.setenv("CUKERNELS_TUNED", "0")
+    assert environment.tuning(spec) == {"tune_cache": str(cache.path), "tuned": "0"}
+    monkeypatch.setattr(tune, "driver_version", lambda: 1 / 0)
+    assert environment.tuning(spec)["tune_cache"] is None  # never fails
+    env = environment.collect()
+    assert "tune_cache" in env and env["tuned"] == "0"

@@ -6,7 +6,9 @@
 //   ADD: residual[r] += x[r] first, rounded to T and stored back (the residual stream), and the row normalised
 //   is that sum as stored -- what eager code that adds in T and then normalises computes. Without ADD the row
 //   normalised is x[r]. out[r] = T(v * rsqrt(mean(v^2) + eps) * weight), the mean of squares in fp32. The row is
-//   read twice (the second pass from L1/L2), so any hidden size works with no registers held per element.
+//   read twice (the second pass from L1/L2), so no registers are held per element and any row length fits; hidden
+//   must be a multiple of VEC (8 for fp16/bf16: whole 16-byte accesses, no tail), which the host enforces
+//   (models/norm_rope.py validate_norm).
 //
 // rotary_neox<T>
 //   In place on qkv [tokens, row_stride] viewed as [tokens, heads_total, head_dim]: heads [0, rot_heads) (the q
