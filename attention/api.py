@@ -89,6 +89,49 @@ def _describe_ids(ids, name):
     return tuple(int(s) for s in ids.shape), None, None, dev, None
 
 
+def describe_qkv(q, k, v, layout: str):
+    """``describe`` of q, k and v, each ``layout``-shaped (its axis count), float16/bfloat16 with one dtype, k and v
+    of one shape: ({name: (shape, strides)}, devices, dtype name). Shared by every attention entry point; the
+    strides are checked by ``check_sizes``, after the sizes."""
+    ndim = layout.count(",") + 1
+    descs = {}
+    for name, x in (("q", q), ("k", k), ("v", v)):
+        shape, dt, strides, dev, dtype_text = describe(x, name)
+        if len(shape) != ndim:
+            raise ValueError(f"{name} must be {ndim}-D {layout}, got shape {list(shape)}")
+        if dt is None:
+            raise TypeError(f"{name} must be float16 or bfloat16 (uint16 bf16 bits for CuPy), got {dtype_text}")
+        descs[name] = (shape, dt, strides, dev)
+    (_, qdt, _, qdev), (ks, kdt, _, kdev), (vs, vdt, _, vdev) = descs["q"], descs["k"], descs["v"]
+    if not (qdt == kdt == vdt):
+        raise TypeError(f"q, k and v must share one dtype, got q {qdt}, k {kdt}, v {vdt}")
+    if ks != vs:
+        raise ValueError(f"k and v must have the same shape, got k {list(ks)} and v {list(vs)}")
+    return {name: (d[0], d[2]) for name, d in descs.items()}, {qdev, kdev, vdev}, qdt
+
+
+def check_sizes(layouts, lengths, longest) -> None:
+    """The size rules every attention entry point shares (the last two axes are heads, head_dim), then the
+    strides: head_dim one of HEAD_DIMS and k's equal to q's, every named length in ``lengths`` and the head counts
+    >= 1, the sequence lengths ``longest`` (q's, k's) < 2**28, q heads a multiple of k/v heads; ``layouts`` is
+    ``describe_qkv``'s {name: (shape, strides)}."""
+    q_shape, kv_shape = layouts["q"][0], layouts["k"][0]
+    heads, head_dim, kv_heads = q_shape[-2], q_shape[-1], kv_shape[-2]
+    if kv_shape[-1] != head_dim:
+        raise ValueError(f"k/v head_dim {kv_shape[-1]} differs from q head_dim {head_dim}")
+    if head_dim not in HEAD_DIMS:
+        raise ValueError(f"head_dim must be one of {HEAD_DIMS}, got {head_dim} (q shape {list(q_shape)})")
+    for label, n in (*lengths, ("q heads", heads), ("k/v heads", kv_heads)):
+        if n < 1:
+            raise ValueError(f"{label} must be >= 1, got {n}")
+    if max(longest) >= 2**28:
+        raise ValueError(f"sequence lengths must be < 2**28, got q {longest[0]}, k/v {longest[1]}")
+    if heads % kv_heads:
+        raise ValueError(f"q heads ({heads}) must be a multiple of k/v heads ({kv_heads})")
+    for name, (shape, strides) in layouts.items():
+        check_strides(name, shape, strides)
+
+
 def check_options(causal, window, softmax_scale):
     """The checks of ``causal``, ``window`` and ``softmax_scale`` shared by every attention entry point; returns
     the window as a (left, right) tuple or None."""
@@ -119,39 +162,12 @@ def validate(q, k, v, *, causal=False, window=None, segment_ids=None, softmax_sc
     """Check every argument from its attributes (no device work); return the problem or raise
     ``ValueError``/``TypeError`` naming the argument. ``kv_is_paged``: k and v are pages of a cache
     ([pages, page, kv_heads, head_dim]), whose first dimension is not the batch."""
-    descs = {}
-    for name, x in (("q", q), ("k", k), ("v", v)):
-        shape, dt, strides, dev, dtype_text = describe(x, name)
-        if len(shape) != 4:
-            raise ValueError(f"{name} must be 4-D [batch, seq, heads, head_dim], got shape {list(shape)}")
-        if dt is None:
-            raise TypeError(f"{name} must be float16 or bfloat16 (uint16 bf16 bits for CuPy), got {dtype_text}")
-        descs[name] = (shape, dt, strides, dev)
-    (qs, qdt, _, qdev), (ks, kdt, _, kdev), (vs, vdt, _, vdev) = descs["q"], descs["k"], descs["v"]
-    if not (qdt == kdt == vdt):
-        raise TypeError(f"q, k and v must share one dtype, got q {qdt}, k {kdt}, v {vdt}")
-    batch, seq_q, heads, head_dim = qs
-    if ks != vs:
-        raise ValueError(f"k and v must have the same shape, got k {list(ks)} and v {list(vs)}")
+    layouts, devs, qdt = describe_qkv(q, k, v, "[batch, seq, heads, head_dim]")
+    (batch, seq_q, heads, head_dim), ks = layouts["q"][0], layouts["k"][0]
     if ks[0] != batch and not kv_is_paged:
         raise ValueError(f"k/v batch {ks[0]} differs from q batch {batch}")
-    if ks[3] != head_dim:
-        raise ValueError(f"k/v head_dim {ks[3]} differs from q head_dim {head_dim}")
-    if head_dim not in HEAD_DIMS:
-        raise ValueError(f"head_dim must be one of {HEAD_DIMS}, got {head_dim} (q shape {list(qs)})")
     seq_kv, kv_heads = ks[1], ks[2]
-    for label, n in (("batch", batch), ("q seq", seq_q), ("q heads", heads), ("k/v seq", seq_kv),
-                     ("k/v heads", kv_heads)):
-        if n < 1:
-            raise ValueError(f"{label} must be >= 1, got {n}")
-    if seq_q >= 2**28 or seq_kv >= 2**28:
-        raise ValueError(f"sequence lengths must be < 2**28, got seq_q={seq_q}, seq_kv={seq_kv}")
-    if heads % kv_heads:
-        raise ValueError(f"q heads ({heads}) must be a multiple of k/v heads ({kv_heads})")
-    for name in ("q", "k", "v"):
-        shape, _, strides, _ = descs[name]
-        check_strides(name, shape, strides)
-    devs = {qdev, kdev, vdev}
+    check_sizes(layouts, (("batch", batch), ("q seq", seq_q), ("k/v seq", seq_kv)), (seq_q, seq_kv))
     window = check_options(causal, window, softmax_scale)
 
     segments = segment_ids is not None

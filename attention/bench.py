@@ -9,11 +9,8 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import functools
 import math
 import sys
-
-import numpy as np
 
 from cukernels import bench, checks, cli, compile, device, dtypes, ncu, tiling, tune
 

@@ -29,7 +29,7 @@ import numpy as np
 from cukernels import launch
 
 from . import api, backward
-from .configs import HEAD_DIMS, FwdProblem
+from .configs import FwdProblem
 
 
 def _check_cu(name: str, cu, batch: int | None) -> tuple[int, int | None]:
@@ -65,41 +65,15 @@ def validate_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqle
                     softmax_scale=None) -> FwdProblem:
     """Every check that the arguments' attributes allow (no device work); the packed problem (batch = the
     sequences, seq_q / seq_kv = the packed totals) or ``ValueError``/``TypeError`` naming the argument."""
-    descs = {}
-    for name, x in (("q", q), ("k", k), ("v", v)):
-        shape, dt, strides, dev, dtype_text = api.describe(x, name)
-        if len(shape) != 3:
-            raise ValueError(f"{name} must be 3-D [total_tokens, heads, head_dim] (packed sequences), got shape "
-                             f"{list(shape)}")
-        if dt is None:
-            raise TypeError(f"{name} must be float16 or bfloat16 (uint16 bf16 bits for CuPy), got {dtype_text}")
-        api.check_strides(name, shape, strides)
-        descs[name] = (shape, dt, dev)
-    (qs, qdt, qdev), (ks, kdt, kdev), (vs, vdt, vdev) = descs["q"], descs["k"], descs["v"]
-    if not (qdt == kdt == vdt):
-        raise TypeError(f"q, k and v must share one dtype, got q {qdt}, k {kdt}, v {vdt}")
-    if ks != vs:
-        raise ValueError(f"k and v must have the same shape, got k {list(ks)} and v {list(vs)}")
-    total_q, heads, head_dim = qs
-    total_k, kv_heads = ks[0], ks[1]
-    if ks[2] != head_dim:
-        raise ValueError(f"k/v head_dim {ks[2]} differs from q head_dim {head_dim}")
-    if head_dim not in HEAD_DIMS:
-        raise ValueError(f"head_dim must be one of {HEAD_DIMS}, got {head_dim} (q shape {list(qs)})")
-    for label, n in (("q total tokens", total_q), ("q heads", heads), ("k/v total tokens", total_k),
-                     ("k/v heads", kv_heads)):
-        if n < 1:
-            raise ValueError(f"{label} must be >= 1, got {n}")
-    if total_q >= 2**28 or total_k >= 2**28:
-        raise ValueError(f"packed lengths must be < 2**28, got {total_q} and {total_k}")
-    if heads % kv_heads:
-        raise ValueError(f"q heads ({heads}) must be a multiple of k/v heads ({kv_heads})")
+    layouts, devs, qdt = api.describe_qkv(q, k, v, "[total_tokens, heads, head_dim]")
+    (total_q, heads, head_dim), (total_k, kv_heads, _) = layouts["q"][0], layouts["k"][0]
+    api.check_sizes(layouts, (("q total tokens", total_q), ("k/v total tokens", total_k)), (total_q, total_k))
     batch, cdev_q = _check_cu("cu_seqlens_q", cu_seqlens_q, None)
     _, cdev_k = _check_cu("cu_seqlens_k", cu_seqlens_k, batch)
     _check_max("max_seqlen_q", max_seqlen_q)
     _check_max("max_seqlen_k", max_seqlen_k)
     window = api.check_options(causal, window, softmax_scale)
-    devs = {qdev, kdev, vdev, cdev_q, cdev_k}
+    devs |= {cdev_q, cdev_k}
     if None in devs:
         raise TypeError("q, k, v and cu_seqlens must be CuPy arrays or torch CUDA tensors on a GPU; got host data "
                         "(numpy array or CPU tensor)")
@@ -115,7 +89,8 @@ def _host(x) -> np.ndarray:
     return x.get()
 
 
-def check_values(cu_seqlens_q, cu_seqlens_k, total_q: int, total_k: int, max_seqlen_q: int, max_seqlen_k: int):
+def check_offsets(cu_seqlens_q, cu_seqlens_k, total_q: int, total_k: int, max_seqlen_q: int,
+                  max_seqlen_k: int) -> None:
     """What only the device's values can say: offsets that start at 0, never decrease, end at the packed length,
     and sequences no longer than max_seqlen."""
     for name, cu, total, longest, max_name in (("cu_seqlens_q", cu_seqlens_q, total_q, max_seqlen_q, "max_seqlen_q"),
@@ -173,7 +148,7 @@ def forward_keyed(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_
             key = None
         views = [launch.view(x) for x in tensors]
     if check:
-        check_values(cu_seqlens_q, cu_seqlens_k, *call.totals, *call.maxes)
+        check_offsets(cu_seqlens_q, cu_seqlens_k, *call.totals, *call.maxes)
     o, lse = call.forward(views[0][1], views[1][1], views[2][1], (views[3][1], views[4][1]))
     return o, lse, key
 
@@ -211,5 +186,5 @@ def flash_attention_varlen_backward(do, q, k, v, o, lse, cu_seqlens_q, cu_seqlen
             _BACKWARD.put((key, deterministic), call)
         views = [launch.view(x) for x in tensors]
     if check_values:
-        globals()["check_values"](cu_seqlens_q, cu_seqlens_k, *call.totals, *call.maxes)
+        check_offsets(cu_seqlens_q, cu_seqlens_k, *call.totals, *call.maxes)
     return call.forward(tuple(vw[1] for vw in views[:5]), lse, (views[6][1], views[7][1]))

@@ -37,8 +37,10 @@ from .norm_rope import rms_norm, rotary_, rotary_tables
 try:
     import torch
     import torch.nn.functional as F
+
+    from moe.torch import torch_moe_swiglu
 except ImportError:  # configs and --list need no torch; building or running a model does
-    torch = F = None
+    torch = F = torch_moe_swiglu = None
 
 SECTIONS = ("attention", "ffn", "proj", "rest")
 _NULL = contextlib.nullcontext()
@@ -239,30 +241,8 @@ class TorchModel(_Model):
         return F.linear(F.silu(gu[:, 0::2]) * gu[:, 1::2], lw.w_down[0])
 
     def moe_ffn(self, h, i: int, lw):
-        k, experts = self.cfg.top_k, self.cfg.experts
-        w, sel = torch.topk(torch.softmax(h.float() @ self._routers[i], dim=-1), k, dim=-1)
-        w = w / w.sum(dim=-1, keepdim=True)
-        flat = sel.flatten()
-        order = flat.argsort(stable=True)
-        tok = order // k
-        xs = h[tok]
-        w_gu, w_down = lw.w_gate_up, lw.w_down
-        if self.moe_kind == "grouped":
-            offs = torch.cumsum(torch.bincount(flat, minlength=experts), 0).to(torch.int32)
-            g = torch._grouped_mm(xs, w_gu.transpose(1, 2), offs=offs)
-            ys = torch._grouped_mm((F.silu(g[:, 0::2]) * g[:, 1::2]).contiguous(), w_down.transpose(1, 2), offs=offs)
-        else:
-            counts = torch.bincount(flat, minlength=experts).tolist()
-            ys = torch.empty_like(xs)
-            start = 0
-            for e, c in enumerate(counts):
-                if c:
-                    g = F.linear(xs[start:start + c], w_gu[e])
-                    ys[start:start + c] = F.linear(F.silu(g[:, 0::2]) * g[:, 1::2], w_down[e])
-                    start += c
-        out = torch.zeros(h.shape, dtype=torch.float32, device=h.device)
-        out.index_add_(0, tok, ys.float() * w.flatten()[order, None])
-        return out.to(h.dtype)
+        return torch_moe_swiglu(h, h.float() @ self._routers[i], self.cfg.top_k, lw.w_gate_up, lw.w_down,
+                                grouped=self.moe_kind == "grouped")
 
     def forward(self, x, probe=no_probe):
         cfg = self.cfg

@@ -380,39 +380,15 @@ def _torch_layer(grouped: bool):
     host, as eager PyTorch MoE code does) or ``torch._grouped_mm``, then a weighted ``index_add``."""
 
     def prepare(case: bench.Case, inputs):
-        import torch
-        import torch.nn.functional as F
+        from .torch import torch_moe_swiglu
 
         layer, top_k = inputs.layer, case.params["top_k"]
         x = dtypes.like_input(inputs.x, True)
         router = dtypes.like_input(layer.router_b[0], True).T
         w_gu, w_down = dtypes.like_input(layer.w_gate_up, True), dtypes.like_input(layer.w_down, True)
-        experts = w_gu.shape[0]
 
         def fn():
-            w, sel = torch.topk(torch.softmax((x @ router).float(), dim=-1), top_k, dim=-1)
-            w = w / w.sum(dim=-1, keepdim=True)
-            flat = sel.flatten()
-            order = flat.argsort(stable=True)
-            tok = order // top_k
-            xs = x[tok]
-            if grouped:
-                offs = torch.cumsum(torch.bincount(flat, minlength=experts), 0).to(torch.int32)
-                h = torch._grouped_mm(xs, w_gu.transpose(1, 2), offs=offs)
-                ys = torch._grouped_mm((F.silu(h[:, 0::2]) * h[:, 1::2]).contiguous(), w_down.transpose(1, 2),
-                                       offs=offs)
-            else:
-                counts = torch.bincount(flat, minlength=experts).tolist()
-                ys = torch.empty_like(xs)
-                start = 0
-                for e, c in enumerate(counts):
-                    if c:
-                        h = xs[start:start + c] @ w_gu[e].T
-                        ys[start:start + c] = (F.silu(h[:, 0::2]) * h[:, 1::2]) @ w_down[e].T
-                        start += c
-            out = torch.zeros(x.shape, dtype=torch.float32, device=x.device)
-            out.index_add_(0, tok, ys.float() * w.flatten()[order, None])
-            return out.to(x.dtype)
+            return torch_moe_swiglu(x, x @ router, top_k, w_gu, w_down, grouped=grouped)
         return fn
     return prepare
 

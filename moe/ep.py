@@ -57,7 +57,7 @@ from .dispatch import PermuteCall, combine_launcher, gather_launcher
 from .gemm_configs import GemmProblem
 from .grouped_gemm import GemmCall
 from .grouped_gemm import validate as validate_gemm
-from .layer import ACTIVATIONS, _Meta
+from .layer import ACTIVATIONS, _Meta, check_expert_weights
 from .routing import RouteCall
 
 _D2D, _D2H, _H2D = 3, 2, 1  # cudaMemcpyKind
@@ -247,24 +247,7 @@ class ExpertParallelMoE:
             raise ValueError(f"w_gate_up must be rank {rank}'s {hi - lo} of the {experts} experts (experts "
                              f"{lo}..{hi - 1}), [{hi - lo}, n, {hidden}]; got {tuple(w_gate_up.shape)} "
                              "(ExpertParallelMoE.from_full slices the full weights)")
-        if activation == "swiglu" and n_up % 2:
-            raise ValueError(f"w_gate_up has {n_up} rows per expert: SwiGLU needs gate/up pairs (an even count)")
-        inter = n_up // 2 if activation == "swiglu" else n_up
-        if tuple(w_down.shape) != (local, hidden, inter):
-            raise ValueError(f"w_down must be [local experts, hidden, intermediate] = {(local, hidden, inter)}, got "
-                             f"{tuple(w_down.shape)}")
-        if not 1 <= experts <= configs.MAX_EXPERTS:
-            raise ValueError(f"router_weight has {experts} experts (shape[1]); 1..{configs.MAX_EXPERTS} are supported")
-        if w_gate_up.dtype not in (dtypes.FP16, dtypes.BF16) or w_down.dtype != w_gate_up.dtype:
-            raise TypeError(f"w_gate_up and w_down must share float16 or bf16 (uint16), got {w_gate_up.dtype}, "
-                            f"{w_down.dtype}")
-        if isinstance(top_k, bool) or not isinstance(top_k, (int, np.integer)) \
-                or not 1 <= top_k <= min(experts, configs.MAX_TOP_K):
-            raise ValueError(f"top_k must be an int in 1..{min(experts, configs.MAX_TOP_K)} (at most "
-                             f"{configs.MAX_TOP_K} and at most the {experts} experts), got {top_k!r}")
-        for name, w in (("w_gate_up", w_gate_up), ("w_down", w_down)):
-            if not w.flags.c_contiguous:
-                raise ValueError(f"{name} must be C-contiguous")
+        inter = check_expert_weights(w_gate_up, w_down, top_k, activation, experts, "router_weight (shape[1])")
         for name, (n, k) in (("w_gate_up", (n_up, hidden)), ("w_down", (hidden, inter))):
             try:  # the expert GEMMs' own rules (K and N multiples of 8, ...), stated for the weights
                 validate_gemm(_Meta((1, k), w_gate_up.dtype), _Meta((local, n, k), w_gate_up.dtype),

@@ -146,6 +146,33 @@ class _Meta:
         self.flags = type("Flags", (), {"c_contiguous": True})()
 
 
+def check_expert_weights(w_gate_up, w_down, top_k, activation: str, experts: int, experts_from: str) -> int:
+    """The checks an MoE layer's expert weights share (``MoELayer``, the expert-parallel ``moe.ep`` layer, which
+    holds a slice): gate/up pairs for SwiGLU, ``w_down`` [w_gate_up's experts, hidden, intermediate], 1..MAX_EXPERTS
+    ``experts`` in all (counted from ``experts_from``), one 16-bit float dtype, ``top_k`` in 1..min(experts,
+    MAX_TOP_K), C-contiguous. Returns the intermediate size."""
+    local, n_up, hidden = (int(v) for v in w_gate_up.shape)
+    if activation == "swiglu" and n_up % 2:
+        raise ValueError(f"w_gate_up has {n_up} rows per expert: SwiGLU needs gate/up pairs (an even count)")
+    inter = n_up // 2 if activation == "swiglu" else n_up
+    if tuple(w_down.shape) != (local, hidden, inter):
+        raise ValueError(f"w_down must be [experts of w_gate_up, hidden, intermediate] = {(local, hidden, inter)}, "
+                         f"got {tuple(w_down.shape)}")
+    if not 1 <= experts <= configs.MAX_EXPERTS:
+        raise ValueError(f"{experts_from} gives {experts} experts; 1..{configs.MAX_EXPERTS} are supported")
+    if w_gate_up.dtype not in (dtypes.FP16, dtypes.BF16) or w_down.dtype != w_gate_up.dtype:
+        raise TypeError(f"w_gate_up and w_down must share float16 or bf16 (uint16), got {w_gate_up.dtype}, "
+                        f"{w_down.dtype}")
+    if isinstance(top_k, bool) or not isinstance(top_k, (int, np.integer)) \
+            or not 1 <= top_k <= min(experts, configs.MAX_TOP_K):
+        raise ValueError(f"top_k must be an int in 1..{min(experts, configs.MAX_TOP_K)} (at most "
+                         f"{configs.MAX_TOP_K} and at most the {experts} experts), got {top_k!r}")
+    for name, w in (("w_gate_up", w_gate_up), ("w_down", w_down)):
+        if not w.flags.c_contiguous:
+            raise ValueError(f"{name} must be C-contiguous")
+    return inter
+
+
 class MoELayer:
     def __init__(self, router_weight, w_gate_up, w_down, top_k: int, *, activation: str = "swiglu"):
         import cupy
@@ -160,27 +187,10 @@ class MoELayer:
             raise ValueError(f"expected router_weight [hidden, experts], w_gate_up [experts, n, hidden], "
                              f"w_down [experts, hidden, intermediate]; got {router.shape}, {w_gate_up.shape}, "
                              f"{w_down.shape}")
-        experts, n_up, hidden = (int(v) for v in w_gate_up.shape)
-        inter = n_up // 2 if activation == "swiglu" else n_up
-        if activation == "swiglu" and n_up % 2:
-            raise ValueError(f"w_gate_up has {n_up} rows per expert: SwiGLU needs gate/up pairs (an even count)")
-        if tuple(w_down.shape) != (experts, hidden, inter):
-            raise ValueError(f"w_down must be [experts, hidden, intermediate] = {(experts, hidden, inter)}, "
-                             f"got {tuple(w_down.shape)}")
+        experts, _, hidden = (int(v) for v in w_gate_up.shape)
+        inter = check_expert_weights(w_gate_up, w_down, top_k, activation, experts, "w_gate_up (shape[0])")
         if tuple(router.shape) != (hidden, experts):
             raise ValueError(f"router_weight must be [hidden, experts] = {(hidden, experts)}, got {tuple(router.shape)}")
-        if not 1 <= experts <= configs.MAX_EXPERTS:
-            raise ValueError(f"w_gate_up has {experts} experts (shape[0]); 1..{configs.MAX_EXPERTS} are supported")
-        if w_gate_up.dtype not in (dtypes.FP16, dtypes.BF16) or w_down.dtype != w_gate_up.dtype:
-            raise TypeError(f"w_gate_up and w_down must share float16 or bf16 (uint16), got {w_gate_up.dtype}, "
-                            f"{w_down.dtype}")
-        if isinstance(top_k, bool) or not isinstance(top_k, (int, np.integer)) \
-                or not 1 <= top_k <= min(experts, configs.MAX_TOP_K):
-            raise ValueError(f"top_k must be an int in 1..{min(experts, configs.MAX_TOP_K)} (at most "
-                             f"{configs.MAX_TOP_K} and at most the {experts} experts), got {top_k!r}")
-        for name, w in (("w_gate_up", w_gate_up), ("w_down", w_down)):
-            if not w.flags.c_contiguous:
-                raise ValueError(f"{name} must be C-contiguous")
         self.w_gate_up, self.w_down = w_gate_up, w_down
         r32 = dtypes.to_float32(router) if router.dtype != dtypes.FP32 else router
         self.router_b = cupy.ascontiguousarray(dtypes.from_float32(r32.T, w_gate_up.dtype)[None])

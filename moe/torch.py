@@ -56,3 +56,36 @@ def torch_views(*arrays):
         else:
             out.append(torch.from_dlpack(arr))
     return tuple(out)
+
+
+def torch_moe_swiglu(x: Tensor, logits: Tensor, top_k: int, w_gate_up: Tensor, w_down: Tensor, *,
+                     grouped: bool) -> Tensor:
+    """The torch baseline of a SwiGLU MoE layer (what eager PyTorch MoE code does): softmax + top-k of the router
+    ``logits`` (renormalised), tokens sorted by expert, the experts by a per-expert cuBLAS loop (counts copied to
+    the host) or ``torch._grouped_mm`` (``grouped``), then a weighted ``index_add`` in fp32. ``w_gate_up``
+    ``[experts, 2 I, H]`` gate/up interleaved, ``w_down`` ``[experts, H, I]``. Used by moe.bench and models."""
+    import torch.nn.functional as F
+
+    experts = w_gate_up.shape[0]
+    w, sel = torch.topk(torch.softmax(logits.float(), dim=-1), top_k, dim=-1)
+    w = w / w.sum(dim=-1, keepdim=True)
+    flat = sel.flatten()
+    order = flat.argsort(stable=True)
+    tok = order // top_k
+    xs = x[tok]
+    if grouped:
+        offs = torch.cumsum(torch.bincount(flat, minlength=experts), 0).to(torch.int32)
+        h = torch._grouped_mm(xs, w_gate_up.transpose(1, 2), offs=offs)
+        ys = torch._grouped_mm((F.silu(h[:, 0::2]) * h[:, 1::2]).contiguous(), w_down.transpose(1, 2), offs=offs)
+    else:
+        counts = torch.bincount(flat, minlength=experts).tolist()
+        ys = torch.empty_like(xs)
+        start = 0
+        for e, c in enumerate(counts):
+            if c:
+                h = F.linear(xs[start:start + c], w_gate_up[e])
+                ys[start:start + c] = F.linear(F.silu(h[:, 0::2]) * h[:, 1::2], w_down[e])
+                start += c
+    out = torch.zeros(x.shape, dtype=torch.float32, device=x.device)
+    out.index_add_(0, tok, ys.float() * w.flatten()[order, None])
+    return out.to(x.dtype)
