@@ -393,6 +393,18 @@ def _torch_layer(grouped: bool):
     return prepare
 
 
+def _torch_grouped(case: bench.Case, inputs):
+    """``torch._grouped_mm``: the layer baseline, or on a grouped GEMM case the same groups in one call (b as
+    ``[experts, K, N]`` column-major views, the layout it takes, offsets as the groups' ends)."""
+    if case.params["kind"] == "layer":
+        return _torch_layer(grouped=True)(case, inputs)
+    import torch
+
+    a, b = dtypes.like_input(inputs.a, True), dtypes.like_input(inputs.b, True).transpose(1, 2)
+    ends = torch.as_tensor(inputs.offsets[1:], dtype=torch.int32, device=a.device)
+    return lambda: torch._grouped_mm(a, b, offs=ends)
+
+
 def _only(kinds, why):
     return lambda case: None if case.params["kind"] in kinds else why
 
@@ -416,9 +428,9 @@ def impls(args) -> list[bench.Impl]:
         bench.Impl(name="torch-loop", prepare=_torch_layer(grouped=False), baseline=True,
                    unavailable=bench.torch_unavailable,
                    supports=_only(("layer",), "a layer baseline")),
-        bench.Impl(name="torch-grouped", prepare=_torch_layer(grouped=True), baseline=True,
+        bench.Impl(name="torch-grouped", prepare=_torch_grouped, baseline=True,
                    unavailable=_grouped_mm_missing,
-                   supports=_only(("layer",), "a layer baseline")),
+                   supports=_only(("layer", "gemm"), "a layer and grouped GEMM baseline")),
     ]
 
 
@@ -533,8 +545,8 @@ SUITES = {
                "32 experts, top-2) at its 3 batch x sequence sizes, every piece and the whole layer; the layer is "
                "scored against expected_results/*.toml",
     "routing": "routing + permutation alone at 32768 tokens: 32 experts top-2 and 256 experts top-8",
-    "gemm": "the grouped expert GEMM at seed 004's up-projection size (8192 x 11008 x 4096): one group, 32 equal "
-            "groups, 32 random groups; against cuBLAS",
+    "gemm": "the grouped expert GEMM at seed 004's up-projection size (8192 x 11008 x 4096): one group, 8 and 32 "
+            "equal and random (gamma) groups; against cuBLAS (one GEMM or a per-group loop) and torch._grouped_mm",
     "quick": "small shapes: a fast pass over every piece but the whole layer",
     "ci": "small shapes with odd sizes (1000 tokens, 60 experts, top-4; 256 experts, top-8) that the GPU tests "
           "check",

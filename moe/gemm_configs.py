@@ -31,6 +31,7 @@ class GemmProblem:
     experts: int
     dtype: str  # fp16 | bf16
     epilogue: str | None = None
+    out_dtype: str | None = None  # None: the input dtype; "fp32" (plain GEMM only, e.g. router logits)
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -43,15 +44,23 @@ class GemmConfig:
     stages: int
     min_blocks: int = 1
     # "mma": mma.sync + ldmatrix (sm_80+); "wgmma": Hopper warpgroup MMA from shared memory (sm_90a), which
-    # fixes the tile at block_m x 256 x 64 with one warpgroup per 64 rows (warps_m = block_m / 16, warps_n = 1)
+    # fixes the tile at block_m x 256 x 64 with one warpgroup per 64 rows (warps_m = block_m / 16, warps_n = 1);
+    # "tma": the persistent warp-specialised Hopper kernel (sm_90a, TMA loads through tensor maps, so it also
+    # needs cuda-bindings at run time): 128 x 256 x 64 tiles computed by two consumer warpgroups (warps_m = 8)
+    # fed by a producer warpgroup (384 threads in all)
     kind: str = "mma"
 
     def __post_init__(self):
-        if self.kind not in ("mma", "wgmma"):
-            raise ValueError(f"kind must be 'mma' or 'wgmma', got {self.kind!r}")
+        if self.kind not in ("mma", "wgmma", "tma"):
+            raise ValueError(f"kind must be 'mma', 'wgmma' or 'tma', got {self.kind!r}")
         if self.kind == "wgmma" and not (self.block_m in (64, 128) and self.block_n == 256 and self.block_k == 64
                                          and self.warps_m == self.block_m // 16 and self.warps_n == 1):
             raise ValueError(f"a wgmma tile is (64 or 128) x 256 x 64 with block_m / 16 x 1 warps, got {self}")
+        if self.kind == "tma":
+            if not (self.block_m == 128 and self.block_n == 256 and self.block_k == 64 and self.warps_m == 8
+                    and self.warps_n == 1 and self.min_blocks == 1 and 2 <= self.stages <= 4):
+                raise ValueError(f"a tma tile is 128 x 256 x 64 with 8 x 1 consumer warps, 2-4 stages, got {self}")
+            return
         if self.block_k not in (32, 64):
             raise ValueError(f"block_k must be 32 or 64, got {self.block_k}")
         wm, wn = self.block_m // self.warps_m, self.block_n // self.warps_n
@@ -68,43 +77,63 @@ class GemmConfig:
 
     @property
     def needs_arch(self) -> str | None:
-        """wgmma tiles fit sm_90a alone (checked by tiling.fits)."""
-        return "sm_90a" if self.kind == "wgmma" else None
+        """wgmma and tma tiles fit sm_90a alone (checked by tiling.fits)."""
+        return "sm_90a" if self.kind in ("wgmma", "tma") else None
 
     @property
     def threads(self) -> int:
-        return self.warps_m * self.warps_n * 32
+        """Threads per CTA: the compute warps, plus the producer warpgroup of a tma tile."""
+        return self.warps_m * self.warps_n * 32 + (128 if self.kind == "tma" else 0)
+
+    @property
+    def persistent(self) -> bool:
+        """A tma CTA loops over tiles (grid = at most one CTA per SM); the others compute one tile each."""
+        return self.kind == "tma"
 
     def epilogues(self) -> tuple:
         """Epilogues this tile is built with. The wgmma tile's 128 accumulators per thread leave no registers for
         erf's polynomial unrolled over 32 column groups (GELU spilled), so GELU stays on the mma.sync tiles."""
-        return (None, "swiglu") if self.kind == "wgmma" else tuple(EPILOGUES)
+        return (None, "swiglu") if self.kind in ("wgmma", "tma") else tuple(EPILOGUES)
 
     def smem_bytes(self) -> int:
         """The pipeline buffers (the epilogue's staging tile reuses them) and 16 bytes for the work item; wgmma
-        tiles also reserve 1 KiB to align the stages to the 1024-byte swizzle atom."""
-        align = 1024 if self.kind == "wgmma" else 0
-        return self.stages * (self.block_m + self.block_n) * self.block_k * 2 + 16 + align
+        tiles also reserve 1 KiB to align the stages to the 1024-byte swizzle atom. A tma tile keeps its own
+        staging buffers (16 KiB per consumer warpgroup, so the next tile's loads overlap the epilogue) and two
+        8-byte mbarriers per stage instead of the work item."""
+        pipeline = self.stages * (self.block_m + self.block_n) * self.block_k * 2
+        if self.kind == "tma":
+            return pipeline + 2 * 64 * 128 * 2 + 16 * self.stages + 1024
+        return pipeline + 16 + (1024 if self.kind == "wgmma" else 0)
 
     def name_expression(self, *, dtype, epilogue: str | None = None, out_dtype=None) -> str:
         if epilogue not in EPILOGUES:
             raise ValueError(f"epilogue must be one of {list(EPILOGUES)}, got {epilogue!r}")
         out_c = dtypes.ctype(dtype if out_dtype is None else out_dtype)
+        if self.kind == "tma":
+            if out_c != dtypes.ctype(dtype):
+                raise ValueError(f"a tma tile writes its input dtype, got out_dtype {out_dtype}")
+            return f"moe_grouped_gemm_tma<{dtypes.ctype(dtype)}, {self.stages}, {EPILOGUES[epilogue]}>"
         if self.kind == "wgmma":
             return (f"moe_grouped_gemm_wgmma<{dtypes.ctype(dtype)}, {out_c}, {self.block_m}, {self.stages}, "
                     f"{EPILOGUES[epilogue]}>")
         return (f"moe_grouped_gemm<{dtypes.ctype(dtype)}, {out_c}, {self.block_m}, {self.block_n}, {self.block_k}, "
                 f"{self.warps_m}, {self.warps_n}, {self.stages}, {EPILOGUES[epilogue]}, {self.min_blocks}>")
 
-    def grid(self, problem: GemmProblem) -> int:
+    def grid(self, problem: GemmProblem, sm_count: int | None = None) -> int:
         """CTAs to launch: an upper bound of the tiles, whatever the group sizes (each group adds at most one
-        partial m-tile); the CTAs past the real count exit at once."""
+        partial m-tile); the CTAs past the real count exit at once. A persistent tile launches at most
+        ``sm_count`` CTAs (required), which stride over the tiles."""
         m_tiles = problem.rows // self.block_m + min(problem.experts, problem.rows)
-        return max(1, m_tiles * -(-problem.n // self.block_n))
+        tiles = max(1, m_tiles * -(-problem.n // self.block_n))
+        if self.persistent:
+            if sm_count is None:
+                raise ValueError(f"{self}: a persistent tile's grid needs the SM count")
+            return min(tiles, int(sm_count))
+        return tiles
 
     def __str__(self) -> str:
-        if self.kind == "wgmma":
-            return f"GemmConfig(wgmma {self.block_m}x{self.block_n}x{self.block_k}, {self.stages} stages)"
+        if self.kind in ("wgmma", "tma"):
+            return f"GemmConfig({self.kind} {self.block_m}x{self.block_n}x{self.block_k}, {self.stages} stages)"
         return (f"GemmConfig({self.block_m}x{self.block_n}x{self.block_k}, {self.warps_m}x{self.warps_n} warps, "
                 f"{self.stages} stages, {self.min_blocks}/SM)")
 
@@ -130,7 +159,12 @@ WGMMA = (
     GemmConfig(kind="wgmma", block_m=128, block_n=256, block_k=64, warps_m=8, warps_n=1, stages=4),
     GemmConfig(kind="wgmma", block_m=128, block_n=256, block_k=64, warps_m=8, warps_n=1, stages=3),
 )
-ALL = WGMMA + LARGE + MEDIUM + SMALL
+# Hopper, warp-specialised and persistent (sm_90a and cuda-bindings): 4 stages of 48 KiB + 32 KiB of staging
+TMA = (
+    GemmConfig(kind="tma", block_m=128, block_n=256, block_k=64, warps_m=8, warps_n=1, stages=4),
+    GemmConfig(kind="tma", block_m=128, block_n=256, block_k=64, warps_m=8, warps_n=1, stages=3),
+)
+ALL = TMA + WGMMA + LARGE + MEDIUM + SMALL
 
 
 def _config_from(raw: dict) -> GemmConfig:
@@ -170,11 +204,29 @@ def plan(problem: GemmProblem, spec: DeviceSpec) -> tiling.Plan:
     est_m_tiles = max(1, problem.rows // 128) + min(problem.experts, max(problem.rows, 1)) // 2
     large_ctas = est_m_tiles * -(-n // 256)
     if large_ctas >= 2 * spec.sm_count and n >= 256:
-        candidates, why = WGMMA + LARGE + MEDIUM + SMALL, f"~{large_ctas} CTAs of 128x256 >= 2 waves on {spec.sm_count} SMs"
+        candidates, why = LARGE_ORDER, f"~{large_ctas} CTAs of 128x256 >= 2 waves on {spec.sm_count} SMs"
+        no_tma = _tma_unusable(problem)
+        if no_tma:
+            candidates, why = candidates[len(TMA):], f"{why}; no tma tile: {no_tma}"
     else:
         candidates, why = MEDIUM + SMALL, f"~{large_ctas} CTAs of 128x256 < 2 waves on {spec.sm_count} SMs"
     candidates = [c for c in _for_device(candidates, spec) if problem.epilogue in c.epilogues()]
     return tiling.choose(candidates, spec, reason=why)
+
+
+LARGE_ORDER = TMA + WGMMA + LARGE + MEDIUM + SMALL
+
+
+def _tma_unusable(problem: GemmProblem) -> str | None:
+    """Why the tma tile cannot run ``problem`` here (None when it can): the tensor maps need cuda-bindings, and
+    the kernel addresses b's rows as one int coordinate (experts * N < 2**31)."""
+    from cukernels import tma
+
+    if problem.out_dtype == "fp32":
+        return "fp32 output"
+    if problem.experts * problem.n >= 2**31:
+        return f"experts x N = {problem.experts * problem.n} >= 2**31 rows of b"
+    return tma.available()
 
 
 def variants(spec: DeviceSpec) -> list[GemmConfig]:
@@ -182,7 +234,7 @@ def variants(spec: DeviceSpec) -> list[GemmConfig]:
     check_arch(spec)
     out = []
     for epilogue in EPILOGUES:
-        for candidates in (WGMMA + LARGE + MEDIUM + SMALL, MEDIUM + SMALL):
+        for candidates in (LARGE_ORDER, WGMMA + LARGE + MEDIUM + SMALL, MEDIUM + SMALL):
             fitting = [c for c in _for_device(candidates, spec) if epilogue in c.epilogues()]
             cfg = tiling.choose(fitting, spec, reason="").config
             if cfg not in out:
@@ -207,6 +259,7 @@ def candidates(problem: GemmProblem, spec: DeviceSpec) -> list[GemmConfig]:
     choice first (the profile's override where there is one), then every tile of ``ALL`` that fits the device and
     is built with the problem's epilogue, in preference order (256-wide tiles only when n >= 256)."""
     chosen = tune.heuristic(plan, problem, spec).config
+    no_tma = _tma_unusable(problem)
     pool = [c for c in _for_device(ALL, spec) if problem.epilogue in c.epilogues() and tiling.fits(c, spec) is None
-            and (c.block_n <= problem.n or c.block_n < 256)]
+            and (c.block_n <= problem.n or c.block_n < 256) and not (c.kind == "tma" and no_tma)]
     return [chosen, *dict.fromkeys(c for c in pool if c != chosen)]

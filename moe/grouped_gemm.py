@@ -23,6 +23,8 @@ itself (grouped_gemm.cu's header), so the call can be captured in a CUDA graph.
 """
 from __future__ import annotations
 
+import dataclasses
+
 from pathlib import Path
 
 import numpy as np
@@ -89,7 +91,7 @@ def validate(a, b, offsets, *, epilogue=None, row_scale=None, out_dtype=None) ->
         if x is not None and not dtypes.is_c_contiguous(x):
             raise ValueError(f"{name} must be C-contiguous, got a strided view of shape {tuple(x.shape)}")
     return gemm_configs.GemmProblem(rows=rows, n=n, k=k, experts=experts, dtype=dtypes.dtype_name(dtypes.storage(a)),
-                                    epilogue=epilogue)
+                                    epilogue=epilogue, out_dtype="fp32" if fp32_out else None)
 
 
 class GemmCall:
@@ -99,6 +101,8 @@ class GemmCall:
         import cupy
 
         self.frame = frame
+        if np.dtype(out_dtype) == np.float32 and problem.out_dtype != "fp32":  # planned for what is written
+            problem = dataclasses.replace(problem, out_dtype="fp32")
         with cupy.cuda.Device(frame.device_id):
             if config is None:
                 config = launch.plan(gemm_configs.plan, problem).config
@@ -110,11 +114,21 @@ class GemmCall:
             if self.empty:
                 return
             P = _launch.Ptr  # 0 a, 1 b, 2 out, 3 offsets, 4 row_scale (0: none)
+            a_arg, b_arg = P(0), P(1)
+            if config.kind == "tma":  # tensor maps over a [rows, K] and b [experts * N, K], bound at each launch
+                from cukernels import tma
+
+                row_bytes = (problem.k * 2,)
+                a_arg = tma.TensorMap(2, (problem.k, problem.rows), row_bytes, (config.block_k, config.block_m),
+                                      swizzle=128, index=0)
+                b_arg = tma.TensorMap(2, (problem.k, problem.experts * problem.n), row_bytes,
+                                      (config.block_k, config.block_n), swizzle=128, index=1)
             self.launcher = _launch.Launcher(
                 launch.kernel(SOURCE, config.name_expression(dtype=dtype, epilogue=problem.epilogue,
                                                              out_dtype=out_dtype)),
-                (config.grid(problem),), (config.threads,),
-                (P(0), P(1), P(2), P(3), P(4), np.int32(problem.experts), np.int32(problem.n), np.int32(problem.k)),
+                (config.grid(problem, launch.spec().sm_count),), (config.threads,),
+                (a_arg, b_arg, P(2), P(3), P(4), np.int32(problem.experts), np.int32(problem.n),
+                 np.int32(problem.k)),
                 smem=config.smem_bytes())
 
     def enqueue(self, stream: int, pa: int, pb: int, pout: int, poffsets: int, pscale: int) -> None:

@@ -40,10 +40,10 @@ class GemmShape:
     tags: tuple[str, ...] = ()
 
 
-def _gemm(split: str) -> GemmShape:
-    experts = 1 if split == "one" else 32
-    return GemmShape(name=f"gemm_8192x11008x4096_{'1group' if split == 'one' else f'E32_{split}'}", rows=8192,
-                     n=11008, k=4096, experts=experts, split=split, tags=("gemm", "primary"))
+def _gemm(split: str, experts: int = 32) -> GemmShape:
+    experts = 1 if split == "one" else experts
+    return GemmShape(name=f"gemm_8192x11008x4096_{'1group' if split == 'one' else f'E{experts}_{split}'}",
+                     rows=8192, n=11008, k=4096, experts=experts, split=split, tags=("gemm", "primary"))
 
 
 SHAPES: tuple[MoEShape | GemmShape, ...] = (
@@ -53,6 +53,8 @@ SHAPES: tuple[MoEShape | GemmShape, ...] = (
     _seed004(16, 2048),
     _seed004(32, 2048),
     _gemm("one"),
+    _gemm("equal", 8),
+    _gemm("random", 8),
     _gemm("equal"),
     _gemm("random"),
     GemmShape(name="quick_gemm_1000x512x256_E8", rows=1000, n=512, k=256, experts=8, split="random",

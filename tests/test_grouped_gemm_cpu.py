@@ -1,5 +1,7 @@
 """Grouped GEMM checks that need no GPU: plans fit every profile, every planned variant compiles offline for every
 profile's arch without spills, sm_75 is refused clearly, input validation, the reference."""
+import dataclasses
+
 import numpy as np
 import pytest
 
@@ -58,7 +60,8 @@ def test_every_planned_variant_compiles_without_spills(arch):
     configs = sorted(_variants_by_arch()[arch], key=str)
     exprs = [c.name_expression(dtype=dt, epilogue=ep) for c in configs for dt in (np.float16, BF16)
              for ep in c.epilogues()]
-    exprs += [c.name_expression(dtype=dt, out_dtype=np.float32) for c in configs for dt in (np.float16, BF16)]
+    exprs += [c.name_expression(dtype=dt, out_dtype=np.float32) for c in configs for dt in (np.float16, BF16)
+              if c.kind != "tma"]  # the tma tile writes 16-bit outputs only (the planner knows)
     res = compile.compile_offline(SOURCE, exprs, arch)
     for expr, r in res.items():
         assert r.spills == 0 and r.stack_bytes == 0, f"{arch} {expr}: {r}"
@@ -79,6 +82,39 @@ def test_config_validation():
         gemm_configs.GemmConfig(block_m=128, block_n=40, block_k=64, warps_m=2, warps_n=4, stages=3)
     with pytest.raises(ValueError, match="epilogue"):
         gemm_configs.LARGE[0].name_expression(dtype=BF16, epilogue="relu")
+
+
+def test_tma_config():
+    cfg = gemm_configs.TMA[0]
+    assert cfg.threads == 384 and cfg.persistent and cfg.needs_arch == "sm_90a"
+    assert cfg.smem_bytes() == 4 * 48 * 1024 + 32 * 1024 + 64 + 1024 <= 232448
+    assert cfg.name_expression(dtype=BF16, epilogue="swiglu") == "moe_grouped_gemm_tma<__nv_bfloat16, 4, 1>"
+    assert cfg.epilogues() == (None, "swiglu")
+    with pytest.raises(ValueError, match="input dtype"):
+        cfg.name_expression(dtype=BF16, out_dtype=np.float32)
+    with pytest.raises(ValueError, match="tma tile"):
+        gemm_configs.GemmConfig(kind="tma", block_m=64, block_n=256, block_k=64, warps_m=4, warps_n=1, stages=4)
+    p = gemm_configs.GemmProblem(rows=1000, n=512, k=64, experts=8, dtype="bf16")
+    with pytest.raises(ValueError, match="SM count"):
+        cfg.grid(p)
+    assert cfg.grid(p, 132) == min(132, gemm_configs.LARGE[0].grid(p)) and cfg.grid(p, 4) == 4
+
+
+def test_planner_tma_choice(monkeypatch):
+    from cukernels import device, tma
+
+    h100 = device.profile("h100_sxm")
+    big = gemm_configs.GemmProblem(rows=8192, n=11008, k=4096, experts=8, dtype="bf16")
+    monkeypatch.setattr(tma, "available", lambda: None)
+    assert gemm_configs.plan(big, h100).config.kind == "tma"
+    fp32 = gemm_configs.plan(dataclasses.replace(big, out_dtype="fp32"), h100)
+    assert fp32.config.kind == "wgmma" and "fp32 output" in fp32.reason
+    assert gemm_configs.plan(dataclasses.replace(big, epilogue="gelu"), h100).config.kind == "mma"
+    assert gemm_configs.plan(big, device.profile("a100_80gb")).config.kind == "mma"
+    monkeypatch.setattr(tma, "available", lambda: "no cuda-bindings here")
+    plan = gemm_configs.plan(big, h100)
+    assert plan.config.kind == "wgmma" and "no cuda-bindings here" in plan.reason
+    assert all(c.kind != "tma" for c in gemm_configs.candidates(big, h100))
 
 
 def test_grid_bounds_every_split():

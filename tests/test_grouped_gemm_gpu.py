@@ -3,7 +3,7 @@ N and K, both dtypes, every epilogue, every config that fits, poisoned outputs, 
 import numpy as np
 import pytest
 
-from cukernels import checks, device, dtypes
+from cukernels import checks, device, dtypes, tma
 from moe import gemm_configs
 from moe.grouped_gemm import grouped_gemm, interleave_gate_up, reference
 from moe.layer import MoELayer, reference_forward
@@ -82,11 +82,60 @@ def test_every_config_that_fits():
         for cfg in gemm_configs.ALL:
             if cfg.smem_bytes() > spec.smem_per_block_optin:  # the 48 KiB edge (MEDIUM[2]) included
                 continue
-            if (cfg.kind == "wgmma" and spec.arch != "sm_90a") or epilogue not in cfg.epilogues():
+            if (cfg.kind != "mma" and spec.arch != "sm_90a") or epilogue not in cfg.epilogues():
+                continue
+            if cfg.kind == "tma" and tma.available():
                 continue
             checks.poison_pool(64 << 20)
             out = grouped_gemm(a, b, off_d, epilogue=epilogue, row_scale=scale, config=cfg)
             _check(out, ref, dtypes.BF16, f"{cfg} {epilogue}")
+
+
+def _tma_configs():
+    spec = device.current()
+    if spec.arch != "sm_90a":
+        pytest.skip("the tma tile needs sm_90a")
+    if tma.available():
+        pytest.skip(tma.available())
+    return [c for c in gemm_configs.TMA if c.smem_bytes() <= spec.smem_per_block_optin]
+
+
+@pytest.mark.parametrize("epilogue", [None, "swiglu"])
+@pytest.mark.parametrize("dtype", DTYPES, ids=dtypes.dtype_name)
+def test_tma_persistent_many_tiles(dtype, epilogue):
+    """More tiles than SMs (each CTA loops, the stage ring's phases run on across tiles), skewed groups with an
+    empty one and one of a single row, N and K tails, row scale."""
+    import cupy
+
+    rows, n, k, experts = 9000, 1040, 200, 9
+    rng = np.random.default_rng(7)
+    counts = np.array([4000, 0, 1, 129, 2000, 127, 1500, 243, 0])
+    counts[-1] = rows - counts[:-1].sum()
+    off = cupy.asarray(np.concatenate([[0], np.cumsum(counts)]).astype(np.int32))
+    a = dtypes.random((rows, k), dtype, seed=31)
+    b = dtypes.random((experts, n, k), dtype, seed=32, scale=1.0 / np.sqrt(k))
+    scale = cupy.asarray(rng.random(rows, dtype=np.float32) + 0.5)
+    ref = reference(a, b, off, epilogue=epilogue, row_scale=scale)
+    for cfg in _tma_configs():
+        tiles = sum(-(-int(c) // 128) for c in counts) * -(-n // 256)
+        assert tiles > cfg.grid(gemm_configs.GemmProblem(rows=rows, n=n, k=k, experts=experts, dtype="bf16"),
+                                device.current().sm_count)
+        checks.poison_pool(128 << 20)
+        out = grouped_gemm(a, b, off, epilogue=epilogue, row_scale=scale, config=cfg)
+        _check(out, ref, dtype, f"{cfg} {epilogue}")
+        # rows outside [offsets[0], offsets[-1]) are not written: a sub-range of the groups
+        sub = cupy.asarray(np.array([129, 129, 4129, 4130], dtype=np.int32))
+        got = grouped_gemm(a, b[:3], sub, epilogue=epilogue, config=cfg)
+        ref2 = reference(a, b[:3], sub, epilogue=epilogue)
+        _check(got[129:4130], ref2[129:4130], dtype, f"{cfg} {epilogue} sub-range")
+
+
+def test_planner_takes_tma_for_large_problems():
+    _tma_configs()
+    p = gemm_configs.GemmProblem(rows=8192, n=11008, k=4096, experts=8, dtype="bf16")
+    assert gemm_configs.plan(p, device.current()).config.kind == "tma"
+    fp32 = gemm_configs.GemmProblem(rows=8192, n=11008, k=4096, experts=8, dtype="bf16", out_dtype="fp32")
+    assert gemm_configs.plan(fp32, device.current()).config.kind != "tma"
 
 
 @pytest.mark.parametrize("counts", [[0, 0, 300, 0], [1, 0, 0, 0], [0, 0, 0, 129], [128, 128, 0, 256]])

@@ -64,10 +64,18 @@ def gemm_cases():
         a = dtypes.random((sum(counts), 200), dt, seed=1)
         b = dtypes.random((len(counts), 528, 200), dt, seed=2)
         for cfg in gemm_configs.ALL:
-            if cfg.smem_bytes() > spec.smem_per_block_optin or (cfg.kind == "wgmma" and spec.arch != "sm_90a"):
+            if cfg.smem_bytes() > spec.smem_per_block_optin or (cfg.kind != "mma" and spec.arch != "sm_90a"):
                 continue
             for epi in cfg.epilogues():
                 grouped_gemm(a, b, off, epilogue=epi, config=cfg)
+    if spec.arch == "sm_90a":  # the persistent tile over more tiles than SMs: each CTA loops, phases wrap
+        counts = [5000, 0, 1, 3000, 129, 2000]
+        off = cupy.asarray(np.concatenate([[0], np.cumsum(counts)]).astype(np.int32))
+        a = dtypes.random((sum(counts), 72), dtypes.BF16, seed=3)
+        b = dtypes.random((len(counts), 272, 72), dtypes.BF16, seed=4)
+        for cfg in gemm_configs.TMA:
+            for epi in cfg.epilogues():
+                grouped_gemm(a, b, off, epilogue=epi, config=cfg, row_scale=cupy.ones(sum(counts), cupy.float32))
 
 
 def moe_cases():

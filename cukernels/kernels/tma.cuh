@@ -98,3 +98,23 @@ __device__ __forceinline__ void fence_proxy_async_shared() {
 }
 
 }  // namespace tma
+
+// ---------------------------------------------------------------- warp specialisation helpers
+
+namespace ws {
+
+// Hand registers back to (DEC) or take them from (INC) the SM's pool for the calling warpgroup: every thread of
+// the warpgroup executes it. REGS is a multiple of 8 in 24..256.
+template <int REGS> __device__ __forceinline__ void regs_dec() {
+    asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;\n" ::"n"(REGS));
+}
+template <int REGS> __device__ __forceinline__ void regs_inc() {
+    asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;\n" ::"n"(REGS));
+}
+
+// Named barrier `id` (1..15; 0 is __syncthreads) over `threads` threads (a multiple of 32).
+__device__ __forceinline__ void bar_sync(int id, int threads) {
+    asm volatile("bar.sync %0, %1;\n" ::"r"(id), "r"(threads) : "memory");
+}
+
+}  // namespace ws

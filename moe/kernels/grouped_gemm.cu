@@ -29,6 +29,7 @@
 // fp32 results go straight from registers, 8 bytes per lane (4 when N is odd), each column guarded against N.
 #include "mma.cuh"
 #include "wgmma.cuh"
+#include "tma.cuh"
 
 constexpr int EPI_NONE = 0, EPI_SWIGLU = 1, EPI_GELU = 2;
 constexpr int GROUP_M = 8;
@@ -38,45 +39,74 @@ template <int EPI> __device__ __forceinline__ float activate(float x) {
     else return x;
 }
 
-// Which (expert, m-tile, n-tile) CTA `tile` owns. The tiles are numbered expert by expert (ceil(count_e / BM) *
-// n_tiles for expert e); warp 0 scans 32 experts per step (shuffle prefix sum of the tile counts and a ballot).
-// Inside an expert, GROUP_M m-tiles share a column sweep so that CTAs resident together reuse rows through L2.
-// Returns false for CTAs past the last tile (the grid is an upper bound). All threads must call it.
+// Which expert work item `tile` falls in, computed by one whole warp (every lane gets the answer): the expert e,
+// the tile's index inside the expert and the expert's m-tile count. The tiles are numbered expert by expert
+// (ceil(count_e / BM) * n_tiles for expert e); the warp scans 32 experts per step (shuffle prefix sum of the tile
+// counts and a ballot). Returns false for tiles past the last one.
 template <int BM>
-__device__ __forceinline__ bool find_work_item(int tile, const int* __restrict__ offsets, int experts, int n_tiles,
-                                               int* s_work, int& e, int& m_tile, int& n_tile) {
+__device__ __forceinline__ bool scan_tile(int tile, const int* __restrict__ offsets, int experts, int n_tiles,
+                                          int& e, int& local, int& m_tiles) {
     const int lane = threadIdx.x & 31;
-    if (threadIdx.x < 32) {
-        if (lane == 0) s_work[0] = -1;
-        __syncwarp();
-        int base = 0;
-        for (int e0 = 0; e0 < experts; e0 += 32) {
-            const int ex = e0 + lane;
-            const int count = ex < experts ? offsets[ex + 1] - offsets[ex] : 0;
-            const int m_tiles = (count + BM - 1) / BM;
-            const int t = m_tiles * n_tiles;
-            int incl = t;
+    int base = 0;
+    for (int e0 = 0; e0 < experts; e0 += 32) {
+        const int ex = e0 + lane;
+        const int count = ex < experts ? offsets[ex + 1] - offsets[ex] : 0;
+        const int mt = (count + BM - 1) / BM;
+        const int t = mt * n_tiles;
+        int incl = t;
 #pragma unroll
-            for (int o = 1; o < 32; o <<= 1) {
-                const int v = __shfl_up_sync(0xffffffffu, incl, o);
-                if (lane >= o) incl += v;
-            }
-            const int start = base + incl - t;
-            const bool mine = t > 0 && tile >= start && tile < start + t;
-            if (mine) s_work[0] = ex, s_work[1] = tile - start, s_work[2] = m_tiles;
-            if (__any_sync(0xffffffffu, mine)) break;
-            base += __shfl_sync(0xffffffffu, incl, 31);
+        for (int o = 1; o < 32; o <<= 1) {
+            const int v = __shfl_up_sync(0xffffffffu, incl, o);
+            if (lane >= o) incl += v;
         }
+        const int start = base + incl - t;
+        const unsigned hit = __ballot_sync(0xffffffffu, t > 0 && tile >= start && tile < start + t);
+        if (hit) {
+            const int src = __ffs(hit) - 1;
+            e = e0 + src;
+            local = __shfl_sync(0xffffffffu, tile - start, src);
+            m_tiles = __shfl_sync(0xffffffffu, mt, src);
+            return true;
+        }
+        base += __shfl_sync(0xffffffffu, incl, 31);
     }
-    __syncthreads();
-    e = s_work[0];
-    if (e < 0) return false;
-    const int local = s_work[1], m_tiles = s_work[2];
+    return false;
+}
+
+// The (m-tile, n-tile) of tile `local` of an expert with m_tiles m-tiles: GROUP_M m-tiles share a column sweep,
+// so that CTAs resident together reuse the same rows of a and of b through L2.
+__device__ __forceinline__ void raster(int local, int m_tiles, int n_tiles, int& m_tile, int& n_tile) {
     const int per_group = GROUP_M * n_tiles;
     const int first_m = local / per_group * GROUP_M;
     const int group_m = min(m_tiles - first_m, GROUP_M);
     m_tile = first_m + (local % per_group) % group_m;
     n_tile = (local % per_group) / group_m;
+}
+
+// scan_tile + raster for one warp.
+template <int BM>
+__device__ __forceinline__ bool locate_tile(int tile, const int* __restrict__ offsets, int experts, int n_tiles,
+                                            int& e, int& m_tile, int& n_tile) {
+    int local, m_tiles;
+    if (!scan_tile<BM>(tile, offsets, experts, n_tiles, e, local, m_tiles)) return false;
+    raster(local, m_tiles, n_tiles, m_tile, n_tile);
+    return true;
+}
+
+// The work item of a whole CTA: warp 0 scans and shares (expert, local tile, m-tiles) through shared memory.
+// Returns false for CTAs past the last tile (the grid is an upper bound). All threads must call it.
+template <int BM>
+__device__ __forceinline__ bool find_work_item(int tile, const int* __restrict__ offsets, int experts, int n_tiles,
+                                               int* s_work, int& e, int& m_tile, int& n_tile) {
+    if (threadIdx.x < 32) {
+        int local, m_tiles;
+        const bool found = scan_tile<BM>(tile, offsets, experts, n_tiles, e, local, m_tiles);
+        if (threadIdx.x == 0) s_work[0] = found ? e : -1, s_work[1] = local, s_work[2] = m_tiles;
+    }
+    __syncthreads();
+    e = s_work[0];
+    if (e < 0) return false;
+    raster(s_work[1], s_work[2], n_tiles, m_tile, n_tile);
     return true;
 }
 
@@ -364,4 +394,161 @@ moe_grouped_gemm_wgmma(const T* __restrict__ a, const T* __restrict__ b, TO* __r
 
     store_tile<T, TO, BM, BN, 16, BN, 1, 32, EPI, THREADS>(acc, smem, out, row_scale, row0, rows_here, n_tile, N,
                                                            warp, 0);
+}
+
+// ================================================================ Hopper path (sm_90a): TMA, warp-specialised
+//
+// moe_grouped_gemm_tma: persistent, warp-specialised. 384 threads = three warpgroups:
+//   warpgroup 0, the producer: hands registers back (setmaxnreg 40); lane 0 of its warp 0 issues the TMA loads of
+//     each stage (A: 64 x 128 box of the [rows, K] map, B: 64 x 256 box of the [experts * N, K] map, both with the
+//     128-byte swizzle, so the stage is already wgmma's K-major layout) after waiting until the consumers freed it
+//     (empty barrier) and announcing its bytes on the stage's full barrier;
+//   warpgroups 1 and 2, the consumers (setmaxnreg 232): each owns 64 rows of the 128 x 256 tile, waits on the full
+//     barrier, issues 4 wgmma m64n256k16 per stage, keeps one wgmma group in flight, and releases the previous stage
+//     (one arrival per consumer warpgroup: the empty barriers count 2).
+// Work: the CTA takes tiles blockIdx.x, blockIdx.x + gridDim.x, ... (grid = the SM count, or fewer tiles); every
+// warp that needs the work item finds it with locate_tile (no shared state, no __syncthreads after the start), so
+// the producer runs ahead into the next tile while the consumers write the last one. The stage ring and its
+// phases continue across tiles (iteration counter it: stage it % STAGES, phase (it / STAGES) & 1).
+// Rows of A past the group's end (the next group's rows, or zeros past the tensor) and rows of B past N (the next
+// expert's, or zeros) are multiplied but never stored; k past K is zero-filled by TMA.
+// Epilogue: each consumer warpgroup stages 64 rows x 128 output columns at a time in its own 16 KiB of shared
+// memory (two 64-column blocks with the 128-byte swizzle: conflict-free fragment writes and 16-byte reads), then
+// its 128 threads write whole rows with 16-byte stores, guarded by the group's row count and N. Plain: two passes
+// of 128 columns; SwiGLU: one pass (256 columns of b -> 128 outputs). row_scale multiplies each row.
+template <typename T, int STAGES, int EPI>
+__global__ void __launch_bounds__(384, 1)
+moe_grouped_gemm_tma(const __grid_constant__ tma::TensorMap a_map, const __grid_constant__ tma::TensorMap b_map,
+                     T* __restrict__ out, const int* __restrict__ offsets, const float* __restrict__ row_scale,
+                     int experts, int N, int K) {
+    constexpr int BM = 128, BN = 256, BK = 64;
+    constexpr int A_BYTES = BM * BK * 2, STAGE_BYTES = (BM + BN) * BK * 2;
+    constexpr int EPI_BYTES = 64 * 128 * 2;  // per consumer warpgroup
+    static_assert(EPI == EPI_NONE || EPI == EPI_SWIGLU, "plain or SwiGLU epilogue");
+
+    extern __shared__ __align__(1024) unsigned char smem_raw[];
+    const unsigned raw0 = tma::smem_u32(smem_raw);
+    const unsigned smem0 = (raw0 + 1023) & ~1023u;  // stages and staging buffers on the 1024-byte swizzle atom
+    const unsigned epi0 = smem0 + STAGES * STAGE_BYTES;
+    const unsigned full0 = epi0 + 2 * EPI_BYTES, empty0 = full0 + 8 * STAGES;
+
+    const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31, wg = warp >> 2;
+    if (tid == 0) {
+        tma::prefetch_map(a_map);
+        tma::prefetch_map(b_map);
+        for (int s = 0; s < STAGES; ++s) {
+            tma::mbar_init(full0 + 8 * s, 1);
+            tma::mbar_init(empty0 + 8 * s, 2);
+        }
+        tma::fence_mbar_init();
+    }
+    __syncthreads();
+
+    const int n_tiles = (N + BN - 1) / BN;
+    const int k_tiles = (K + BK - 1) / BK;
+
+    if (wg == 0) {  // ---------------------------------------------------------------- producer
+        ws::regs_dec<40>();
+        if (warp != 0) return;
+        int it = 0, e, m_tile, n_tile;
+        for (int tile = blockIdx.x; locate_tile<BM>(tile, offsets, experts, n_tiles, e, m_tile, n_tile);
+             tile += gridDim.x) {
+            const int row0 = offsets[e] + m_tile * BM;
+            const int brow0 = e * N + n_tile * BN;
+            if (lane == 0) {
+                for (int kt = 0; kt < k_tiles; ++kt, ++it) {
+                    const int s = it % STAGES;
+                    const unsigned full = full0 + 8 * s, sa = smem0 + s * STAGE_BYTES;
+                    tma::mbar_wait(empty0 + 8 * s, ((it / STAGES) & 1) ^ 1);
+                    tma::mbar_arrive_expect_tx(full, STAGE_BYTES);
+                    tma::load_2d(sa, a_map, full, kt * BK, row0);
+                    tma::load_2d(sa + A_BYTES, b_map, full, kt * BK, brow0);
+                }
+            }
+            __syncwarp();
+        }
+        return;
+    }
+
+    // -------------------------------------------------------------------- consumers
+    ws::regs_inc<232>();
+    const int g = wg - 1;            // which 64 rows of the tile
+    const int tg = tid - 128 * wg;   // thread index in the warpgroup
+    const unsigned ebuf = epi0 + g * EPI_BYTES;
+    float d[128];
+    int it = 0, e, m_tile, n_tile;
+    for (int tile = blockIdx.x; locate_tile<BM>(tile, offsets, experts, n_tiles, e, m_tile, n_tile);
+         tile += gridDim.x) {
+#pragma unroll
+        for (int i = 0; i < 128; ++i) d[i] = 0.f;
+        for (int kt = 0; kt < k_tiles; ++kt, ++it) {
+            const int s = it % STAGES;
+            tma::mbar_wait(full0 + 8 * s, (it / STAGES) & 1);
+            const unsigned sa = smem0 + s * STAGE_BYTES + g * (64 * BK * 2), sb = smem0 + s * STAGE_BYTES + A_BYTES;
+            const unsigned long long da = wgmma::desc_k_major(sa), db = wgmma::desc_k_major(sb);
+            wgmma::fence();
+#pragma unroll
+            for (int ks = 0; ks < BK / 16; ++ks)
+                wgmma::mma_ss<T, 256>(d, wgmma::advance(da, ks * 32), wgmma::advance(db, ks * 32));
+            wgmma::commit();
+            wgmma::wait<1>();  // the previous stage's wgmma are done: release it
+            if (kt > 0 && tg == 0) tma::mbar_arrive(empty0 + 8 * ((it - 1) % STAGES));
+        }
+        wgmma::wait<0>();
+        if (tg == 0) tma::mbar_arrive(empty0 + 8 * ((it - 1) % STAGES));
+
+        // ---- epilogue: fragments -> swizzled staging (activation, row scale, conversion) -> 16-byte row stores
+        const int row0 = offsets[e] + m_tile * BM + 64 * g;
+        const int rows_here = min(64, offsets[e + 1] - row0);
+        if (rows_here <= 0) continue;  // the whole warpgroup takes the same branch
+        const int n_out = EPI == EPI_SWIGLU ? N / 2 : N;
+        const int r_frag = 16 * (warp & 3) + (lane >> 2), q = lane & 3;
+        float scale[2];
+#pragma unroll
+        for (int h = 0; h < 2; ++h) {
+            const int r = r_frag + 8 * h;
+            scale[h] = (row_scale != nullptr && r < rows_here) ? row_scale[row0 + r] : 1.f;
+        }
+        constexpr int PASSES = EPI == EPI_SWIGLU ? 1 : 2;
+#pragma unroll
+        for (int p = 0; p < PASSES; ++p) {
+            ws::bar_sync(1 + g, 128);  // the last pass's reads of the staging buffer are done
+#pragma unroll
+            for (int jj = 0; jj < 32 / PASSES; ++jj) {
+                const int j = p * (32 / PASSES) + jj;
+#pragma unroll
+                for (int h = 0; h < 2; ++h) {
+                    const int r = r_frag + 8 * h;
+                    const float v0 = d[4 * j + 2 * h], v1 = d[4 * j + 2 * h + 1];
+                    if constexpr (EPI == EPI_SWIGLU) {
+                        const int c = 4 * j + q;  // output column in the tile's 128
+                        const unsigned addr = ebuf + (c >> 6) * 8192 + r * 128 + ((((c & 63) >> 3) ^ (r & 7)) << 4) +
+                                              (c & 7) * 2;
+                        const float silu = v0 / (1.f + __expf(-v0));
+                        const T v = mma::Convert<T>::from(silu * v1 * scale[h]);
+                        asm volatile("st.shared.b16 [%0], %1;\n" ::"r"(addr), "h"(*reinterpret_cast<const unsigned short*>(&v)));
+                    } else {
+                        const int c = 8 * jj + 2 * q;  // column in this pass's 128
+                        const unsigned addr = ebuf + (c >> 6) * 8192 + r * 128 + ((((c & 63) >> 3) ^ (r & 7)) << 4) +
+                                              (c & 7) * 2;
+                        const unsigned v = mma::Convert<T>::pack(v0 * scale[h], v1 * scale[h]);
+                        asm volatile("st.shared.b32 [%0], %1;\n" ::"r"(addr), "r"(v));
+                    }
+                }
+            }
+            ws::bar_sync(1 + g, 128);
+            const int col0 = EPI == EPI_SWIGLU ? n_tile * 128 : n_tile * BN + p * 128;
+#pragma unroll
+            for (int i = 0; i < 8; ++i) {
+                const int idx = tg + 128 * i, r = idx >> 4, ch = idx & 15;
+                if (r < rows_here && col0 + ch * 8 < n_out) {
+                    const unsigned addr = ebuf + (ch >> 3) * 8192 + r * 128 + (((ch & 7) ^ (r & 7)) << 4);
+                    uint4 v;
+                    asm volatile("ld.shared.v4.b32 {%0, %1, %2, %3}, [%4];\n"
+                                 : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w) : "r"(addr));
+                    *reinterpret_cast<uint4*>(out + (size_t)(row0 + r) * n_out + col0 + ch * 8) = v;
+                }
+            }
+        }
+    }
 }
