@@ -141,3 +141,23 @@ class TensorMap:
             raise RuntimeError(f"cuTensorMapEncodeTiled failed with {err!r} for {self} at {address:#x}")
         ctypes.memmove(self.address, m.getPtr(), 128)  # the encoded CUtensorMap struct, as the driver wrote it
         self._bound = address
+
+
+def max_active_clusters(kernel_handle: int, cluster: int, threads: int, smem: int) -> int:
+    """How many clusters of ``cluster`` CTAs (``threads`` each, ``smem`` dynamic bytes, already reserved on the
+    kernel) the device runs at once (``cuOccupancyMaxActiveClusters``): the grid of a persistent clustered kernel.
+    The SMs of a cluster come from one GPC, so this can be less than SMs / cluster."""
+    d = _driver()
+    cfg = d.CUlaunchConfig()
+    cfg.gridDimX, cfg.gridDimY, cfg.gridDimZ = cluster, 1, 1
+    cfg.blockDimX, cfg.blockDimY, cfg.blockDimZ = threads, 1, 1
+    cfg.sharedMemBytes = smem
+    attr = d.CUlaunchAttribute()
+    attr.id = d.CUlaunchAttributeID.CU_LAUNCH_ATTRIBUTE_CLUSTER_DIMENSION
+    attr.value.clusterDim.x, attr.value.clusterDim.y, attr.value.clusterDim.z = cluster, 1, 1
+    cfg.attrs, cfg.numAttrs = [attr], 1
+    err, n = d.cuOccupancyMaxActiveClusters(d.CUfunction(init_value=int(kernel_handle)), cfg)
+    if err != d.CUresult.CUDA_SUCCESS or n < 1:
+        raise RuntimeError(f"cuOccupancyMaxActiveClusters failed ({err!r}, {n}) for clusters of {cluster} x "
+                           f"{threads} threads with {smem} B of shared memory")
+    return int(n)

@@ -49,6 +49,8 @@ class GemmConfig:
     # needs cuda-bindings at run time): 128 x 256 x 64 tiles computed by two consumer warpgroups (warps_m = 8)
     # fed by a producer warpgroup (384 threads in all)
     kind: str = "mma"
+    # tma only: CTAs per cluster along M (2: the pair shares B through TMA multicast)
+    cluster_m: int = 1
 
     def __post_init__(self):
         if self.kind not in ("mma", "wgmma", "tma"):
@@ -56,7 +58,11 @@ class GemmConfig:
         if self.kind == "wgmma" and not (self.block_m in (64, 128) and self.block_n == 256 and self.block_k == 64
                                          and self.warps_m == self.block_m // 16 and self.warps_n == 1):
             raise ValueError(f"a wgmma tile is (64 or 128) x 256 x 64 with block_m / 16 x 1 warps, got {self}")
+        if self.cluster_m != 1 and self.kind != "tma":
+            raise ValueError(f"cluster_m is for tma tiles, got {self.cluster_m} on a {self.kind} tile")
         if self.kind == "tma":
+            if self.cluster_m not in (1, 2):
+                raise ValueError(f"cluster_m must be 1 or 2, got {self.cluster_m}")
             if not (self.block_m == 128 and self.block_n == 256 and self.block_k == 64 and self.warps_m == 8
                     and self.warps_n == 1 and self.min_blocks == 1 and 2 <= self.stages <= 4):
                 raise ValueError(f"a tma tile is 128 x 256 x 64 with 8 x 1 consumer warps, 2-4 stages, got {self}")
@@ -112,28 +118,33 @@ class GemmConfig:
         if self.kind == "tma":
             if out_c != dtypes.ctype(dtype):
                 raise ValueError(f"a tma tile writes its input dtype, got out_dtype {out_dtype}")
-            return f"moe_grouped_gemm_tma<{dtypes.ctype(dtype)}, {self.stages}, {EPILOGUES[epilogue]}>"
+            name = "moe_grouped_gemm_tma_pair" if self.cluster_m == 2 else "moe_grouped_gemm_tma"
+            return f"{name}<{dtypes.ctype(dtype)}, {self.stages}, {EPILOGUES[epilogue]}>"
         if self.kind == "wgmma":
             return (f"moe_grouped_gemm_wgmma<{dtypes.ctype(dtype)}, {out_c}, {self.block_m}, {self.stages}, "
                     f"{EPILOGUES[epilogue]}>")
         return (f"moe_grouped_gemm<{dtypes.ctype(dtype)}, {out_c}, {self.block_m}, {self.block_n}, {self.block_k}, "
                 f"{self.warps_m}, {self.warps_n}, {self.stages}, {EPILOGUES[epilogue]}, {self.min_blocks}>")
 
-    def grid(self, problem: GemmProblem, sm_count: int | None = None) -> int:
+    def grid(self, problem: GemmProblem, sm_count: int | None = None, clusters: int | None = None) -> int:
         """CTAs to launch: an upper bound of the tiles, whatever the group sizes (each group adds at most one
         partial m-tile); the CTAs past the real count exit at once. A persistent tile launches at most
-        ``sm_count`` CTAs (required), which stride over the tiles."""
-        m_tiles = problem.rows // self.block_m + min(problem.experts, problem.rows)
-        tiles = max(1, m_tiles * -(-problem.n // self.block_n))
+        ``sm_count`` CTAs (required), which stride over the tiles; a clustered one at most ``clusters`` clusters
+        (the device's count of co-resident clusters; default: sm_count / cluster_m)."""
+        rows_per_item = self.block_m * self.cluster_m
+        m_items = problem.rows // rows_per_item + min(problem.experts, problem.rows)
+        items = max(1, m_items * -(-problem.n // self.block_n))
         if self.persistent:
             if sm_count is None:
                 raise ValueError(f"{self}: a persistent tile's grid needs the SM count")
-            return min(tiles, int(sm_count))
-        return tiles
+            most = int(sm_count) // self.cluster_m if clusters is None else int(clusters)
+            return min(items, most) * self.cluster_m
+        return items
 
     def __str__(self) -> str:
         if self.kind in ("wgmma", "tma"):
-            return f"GemmConfig({self.kind} {self.block_m}x{self.block_n}x{self.block_k}, {self.stages} stages)"
+            pair = ", clusters of 2 (B multicast)" if self.cluster_m == 2 else ""
+            return f"GemmConfig({self.kind} {self.block_m}x{self.block_n}x{self.block_k}, {self.stages} stages{pair})"
         return (f"GemmConfig({self.block_m}x{self.block_n}x{self.block_k}, {self.warps_m}x{self.warps_n} warps, "
                 f"{self.stages} stages, {self.min_blocks}/SM)")
 
@@ -164,7 +175,12 @@ TMA = (
     GemmConfig(kind="tma", block_m=128, block_n=256, block_k=64, warps_m=8, warps_n=1, stages=4),
     GemmConfig(kind="tma", block_m=128, block_n=256, block_k=64, warps_m=8, warps_n=1, stages=3),
 )
-ALL = TMA + WGMMA + LARGE + MEDIUM + SMALL
+# Clusters of two CTAs sharing B by TMA multicast: measured slower than TMA[0] on every gemm-suite row (H200,
+# 2026-11-23: 0.72-0.98x; docs/perf/grouped_gemm.md), so the planner never takes it; --tune may time it
+TMA_PAIR = (
+    GemmConfig(kind="tma", block_m=128, block_n=256, block_k=64, warps_m=8, warps_n=1, stages=4, cluster_m=2),
+)
+ALL = TMA + TMA_PAIR + WGMMA + LARGE + MEDIUM + SMALL
 
 
 def _config_from(raw: dict) -> GemmConfig:

@@ -121,12 +121,19 @@ class GemmCall:
                 row_bytes = (problem.k * 2,)
                 a_arg = tma.TensorMap(2, (problem.k, problem.rows), row_bytes, (config.block_k, config.block_m),
                                       swizzle=128, index=0)
-                b_arg = tma.TensorMap(2, (problem.k, problem.experts * problem.n), row_bytes,
-                                      (config.block_k, config.block_n), swizzle=128, index=1)
+                b_arg = tma.TensorMap(2, (problem.k, problem.experts * problem.n), row_bytes,  # a cluster's CTAs
+                                      (config.block_k, config.block_n // config.cluster_m), swizzle=128, index=1)
+            kern = launch.kernel(SOURCE, config.name_expression(dtype=dtype, epilogue=problem.epilogue,
+                                                                out_dtype=out_dtype))
+            clusters = None
+            if config.kind == "tma" and config.cluster_m > 1:  # the clusters that fit at once, not SMs / 2
+                from cukernels import tma
+
+                kern.reserve_smem(config.smem_bytes())
+                clusters = tma.max_active_clusters(kern.handle, config.cluster_m, config.threads,
+                                                   config.smem_bytes())
             self.launcher = _launch.Launcher(
-                launch.kernel(SOURCE, config.name_expression(dtype=dtype, epilogue=problem.epilogue,
-                                                             out_dtype=out_dtype)),
-                (config.grid(problem, launch.spec().sm_count),), (config.threads,),
+                kern, (config.grid(problem, launch.spec().sm_count, clusters),), (config.threads,),
                 (a_arg, b_arg, P(2), P(3), P(4), np.int32(problem.experts), np.int32(problem.n),
                  np.int32(problem.k)),
                 smem=config.smem_bytes())

@@ -68,6 +68,15 @@ def test_every_planned_variant_compiles_without_spills(arch):
         assert r.registers <= 255
 
 
+@pytest.mark.slow
+def test_tma_pair_compiles_without_spills():
+    """The clustered tile is a tuning candidate only (never planned): it must still build clean."""
+    cfg = gemm_configs.TMA_PAIR[0]
+    exprs = [cfg.name_expression(dtype=dt, epilogue=ep) for dt in (np.float16, BF16) for ep in cfg.epilogues()]
+    for expr, r in compile.compile_offline(SOURCE, exprs, "sm_90a").items():
+        assert r.spills == 0 and r.stack_bytes == 0, f"{expr}: {r}"
+
+
 def test_min_blocks_register_cap_holds():
     cfg = gemm_configs.MEDIUM[0]
     res = compile.compile_offline(SOURCE, [cfg.name_expression(dtype=BF16, epilogue="swiglu")], "sm_90a")
@@ -85,10 +94,13 @@ def test_config_validation():
 
 
 def test_tma_config():
-    cfg = gemm_configs.TMA[0]
-    assert cfg.threads == 384 and cfg.persistent and cfg.needs_arch == "sm_90a"
+    pair, cfg = gemm_configs.TMA_PAIR[0], gemm_configs.TMA[0]
+    assert cfg.threads == 384 and cfg.persistent and cfg.needs_arch == "sm_90a" and cfg.cluster_m == 1
     assert cfg.smem_bytes() == 4 * 48 * 1024 + 32 * 1024 + 64 + 1024 <= 232448
     assert cfg.name_expression(dtype=BF16, epilogue="swiglu") == "moe_grouped_gemm_tma<__nv_bfloat16, 4, 1>"
+    assert pair.cluster_m == 2 and pair.name_expression(dtype=BF16) == "moe_grouped_gemm_tma_pair<__nv_bfloat16, 4, 0>"
+    with pytest.raises(ValueError, match="cluster_m"):
+        dataclasses.replace(gemm_configs.WGMMA[0], cluster_m=2)
     assert cfg.epilogues() == (None, "swiglu")
     with pytest.raises(ValueError, match="input dtype"):
         cfg.name_expression(dtype=BF16, out_dtype=np.float32)
@@ -98,6 +110,8 @@ def test_tma_config():
     with pytest.raises(ValueError, match="SM count"):
         cfg.grid(p)
     assert cfg.grid(p, 132) == min(132, gemm_configs.LARGE[0].grid(p)) and cfg.grid(p, 4) == 4
+    # pairs of m-tiles: (1000 // 256 + 8) x 2 work items, 2 CTAs each, at most the co-resident clusters
+    assert pair.grid(p, 132) == 2 * 22 and pair.grid(p, 132, clusters=10) == 20
 
 
 def test_planner_tma_choice(monkeypatch):

@@ -97,7 +97,7 @@ def _tma_configs():
         pytest.skip("the tma tile needs sm_90a")
     if tma.available():
         pytest.skip(tma.available())
-    return [c for c in gemm_configs.TMA if c.smem_bytes() <= spec.smem_per_block_optin]
+    return [c for c in gemm_configs.TMA + gemm_configs.TMA_PAIR if c.smem_bytes() <= spec.smem_per_block_optin]
 
 
 @pytest.mark.parametrize("epilogue", [None, "swiglu"])

@@ -73,7 +73,7 @@ def gemm_cases():
         off = cupy.asarray(np.concatenate([[0], np.cumsum(counts)]).astype(np.int32))
         a = dtypes.random((sum(counts), 72), dtypes.BF16, seed=3)
         b = dtypes.random((len(counts), 272, 72), dtypes.BF16, seed=4)
-        for cfg in gemm_configs.TMA:
+        for cfg in gemm_configs.TMA + gemm_configs.TMA_PAIR:
             for epi in cfg.epilogues():
                 grouped_gemm(a, b, off, epilogue=epi, config=cfg, row_scale=cupy.ones(sum(counts), cupy.float32))
 

@@ -80,6 +80,40 @@ __device__ __forceinline__ void load_3d(unsigned dst, const TensorMap& map, unsi
         : "memory");
 }
 
+// The box at (x, y) -> shared memory at dst in every CTA of the cluster named in `mask` (bit r: rank r), at the
+// same offset; each destination CTA's barrier at `bar`'s offset counts the box's bytes.
+__device__ __forceinline__ void load_2d_multicast(unsigned dst, const TensorMap& map, unsigned bar, int x, int y,
+                                                  unsigned short mask) {
+    asm volatile(
+        "cp.async.bulk.tensor.2d.shared::cluster.global.tile.mbarrier::complete_tx::bytes.multicast::cluster "
+        "[%0], [%1, {%3, %4}], [%2], %5;" ::"r"(dst), "l"(map_addr(map)), "r"(bar), "r"(x), "r"(y), "h"(mask)
+        : "memory");
+}
+
+// ---------------------------------------------------------------- clusters
+
+__device__ __forceinline__ unsigned cluster_rank() {
+    unsigned r;
+    asm volatile("mov.u32 %0, %%cluster_ctarank;" : "=r"(r));
+    return r;
+}
+
+// Every thread of every CTA of the cluster (all must call it; none may have exited).
+__device__ __forceinline__ void cluster_sync() {
+    asm volatile("barrier.cluster.arrive.release.aligned;\nbarrier.cluster.wait.acquire.aligned;\n" ::: "memory");
+}
+
+// One arrival on the mbarrier at the offset of `bar` in the shared memory of cluster CTA `rank`.
+__device__ __forceinline__ void mbar_arrive_cluster(unsigned bar, unsigned rank) {
+    asm volatile(
+        "{\n"
+        ".reg .b32 remote;\n"
+        "mapa.shared::cluster.u32 remote, %0, %1;\n"
+        "mbarrier.arrive.release.cluster.shared::cluster.b64 _, [remote];\n"
+        "}\n" ::"r"(bar), "r"(rank)
+        : "memory");
+}
+
 // Shared memory at src -> the box at (x, y) of the map (elements outside the tensor are not written).
 __device__ __forceinline__ void store_2d(const TensorMap& map, unsigned src, int x, int y) {
     asm volatile("cp.async.bulk.tensor.2d.global.shared::cta.bulk_group [%0, {%2, %3}], [%1];"

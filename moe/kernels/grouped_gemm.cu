@@ -398,33 +398,40 @@ moe_grouped_gemm_wgmma(const T* __restrict__ a, const T* __restrict__ b, TO* __r
 
 // ================================================================ Hopper path (sm_90a): TMA, warp-specialised
 //
-// moe_grouped_gemm_tma: persistent, warp-specialised. 384 threads = three warpgroups:
+// moe_grouped_gemm_tma (and _pair, clusters of 2): persistent, warp-specialised. 384 threads = three warpgroups:
 //   warpgroup 0, the producer: hands registers back (setmaxnreg 40); lane 0 of its warp 0 issues the TMA loads of
 //     each stage (A: 64 x 128 box of the [rows, K] map, B: 64 x 256 box of the [experts * N, K] map, both with the
 //     128-byte swizzle, so the stage is already wgmma's K-major layout) after waiting until the consumers freed it
 //     (empty barrier) and announcing its bytes on the stage's full barrier;
 //   warpgroups 1 and 2, the consumers (setmaxnreg 232): each owns 64 rows of the 128 x 256 tile, waits on the full
-//     barrier, issues 4 wgmma m64n256k16 per stage, keeps one wgmma group in flight, and releases the previous stage
-//     (one arrival per consumer warpgroup: the empty barriers count 2).
+//     barrier, issues 4 wgmma m64n256k16 per stage, keeps one wgmma group in flight, and releases the previous
+//     stage (one arrival per consumer warpgroup in each CTA of the cluster: the empty barriers count 2 CM).
 // Work: the CTA takes tiles blockIdx.x, blockIdx.x + gridDim.x, ... (grid = the SM count, or fewer tiles); every
 // warp that needs the work item finds it with locate_tile (no shared state, no __syncthreads after the start), so
 // the producer runs ahead into the next tile while the consumers write the last one. The stage ring and its
 // phases continue across tiles (iteration counter it: stage it % STAGES, phase (it / STAGES) & 1).
 // Rows of A past the group's end (the next group's rows, or zeros past the tensor) and rows of B past N (the next
 // expert's, or zeros) are multiplied but never stored; k past K is zero-filled by TMA.
+// Clusters (CM = 2): the CTAs of a cluster take m-tiles 2i and 2i + 1 of one expert and one n-tile (work items
+// of 256 rows; a rank-1 CTA past the group's end computes on zeros or the next group's rows and stores nothing).
+// Each loads its own A and half of B (128 rows), multicast into both CTAs, so B crosses L2 once per pair: 32 KiB
+// of L2 reads per CTA and stage instead of 48. A stage may be refilled only when the consumers of both CTAs have
+// freed it: the empty barriers count 2 CM arrivals, each consumer warpgroup arriving in its own CTA and the peer.
+// The CTAs meet at a cluster barrier after the barrier inits and before exiting (no remote arrival may reach an
+// exited CTA), so no warp returns early.
 // Epilogue: each consumer warpgroup stages 64 rows x 128 output columns at a time in its own 16 KiB of shared
 // memory (two 64-column blocks with the 128-byte swizzle: conflict-free fragment writes and 16-byte reads), then
 // its 128 threads write whole rows with 16-byte stores, guarded by the group's row count and N. Plain: two passes
 // of 128 columns; SwiGLU: one pass (256 columns of b -> 128 outputs). row_scale multiplies each row.
-template <typename T, int STAGES, int EPI>
-__global__ void __launch_bounds__(384, 1)
-moe_grouped_gemm_tma(const __grid_constant__ tma::TensorMap a_map, const __grid_constant__ tma::TensorMap b_map,
-                     T* __restrict__ out, const int* __restrict__ offsets, const float* __restrict__ row_scale,
-                     int experts, int N, int K) {
+template <typename T, int STAGES, int EPI, int CM>
+__device__ __forceinline__ void grouped_gemm_tma(const tma::TensorMap& a_map, const tma::TensorMap& b_map,
+                                                 T* __restrict__ out, const int* __restrict__ offsets,
+                                                 const float* __restrict__ row_scale, int experts, int N, int K) {
     constexpr int BM = 128, BN = 256, BK = 64;
-    constexpr int A_BYTES = BM * BK * 2, STAGE_BYTES = (BM + BN) * BK * 2;
+    constexpr int A_BYTES = BM * BK * 2, B_BYTES = BN * BK * 2, STAGE_BYTES = A_BYTES + B_BYTES;
     constexpr int EPI_BYTES = 64 * 128 * 2;  // per consumer warpgroup
     static_assert(EPI == EPI_NONE || EPI == EPI_SWIGLU, "plain or SwiGLU epilogue");
+    static_assert(CM == 1 || CM == 2, "clusters of 1 or 2 CTAs along M");
 
     extern __shared__ __align__(1024) unsigned char smem_raw[];
     const unsigned raw0 = tma::smem_u32(smem_raw);
@@ -438,117 +445,158 @@ moe_grouped_gemm_tma(const __grid_constant__ tma::TensorMap a_map, const __grid_
         tma::prefetch_map(b_map);
         for (int s = 0; s < STAGES; ++s) {
             tma::mbar_init(full0 + 8 * s, 1);
-            tma::mbar_init(empty0 + 8 * s, 2);
+            tma::mbar_init(empty0 + 8 * s, 2 * CM);
         }
         tma::fence_mbar_init();
     }
-    __syncthreads();
+    if constexpr (CM > 1) tma::cluster_sync();  // the peer's barriers are initialised before any remote use
+    else __syncthreads();
+    const int rank = CM > 1 ? (int)tma::cluster_rank() : 0;
 
     const int n_tiles = (N + BN - 1) / BN;
     const int k_tiles = (K + BK - 1) / BK;
 
     if (wg == 0) {  // ---------------------------------------------------------------- producer
         ws::regs_dec<40>();
-        if (warp != 0) return;
-        int it = 0, e, m_tile, n_tile;
-        for (int tile = blockIdx.x; locate_tile<BM>(tile, offsets, experts, n_tiles, e, m_tile, n_tile);
-             tile += gridDim.x) {
-            const int row0 = offsets[e] + m_tile * BM;
-            const int brow0 = e * N + n_tile * BN;
-            if (lane == 0) {
-                for (int kt = 0; kt < k_tiles; ++kt, ++it) {
-                    const int s = it % STAGES;
-                    const unsigned full = full0 + 8 * s, sa = smem0 + s * STAGE_BYTES;
-                    tma::mbar_wait(empty0 + 8 * s, ((it / STAGES) & 1) ^ 1);
-                    tma::mbar_arrive_expect_tx(full, STAGE_BYTES);
-                    tma::load_2d(sa, a_map, full, kt * BK, row0);
-                    tma::load_2d(sa + A_BYTES, b_map, full, kt * BK, brow0);
+        if (warp == 0) {
+            int it = 0, e, mp, n_tile;
+            for (int unit = blockIdx.x / CM; locate_tile<BM * CM>(unit, offsets, experts, n_tiles, e, mp, n_tile);
+                 unit += gridDim.x / CM) {
+                const int row0 = offsets[e] + (mp * CM + rank) * BM;
+                const int brow0 = e * N + n_tile * BN;
+                if (lane == 0) {
+                    for (int kt = 0; kt < k_tiles; ++kt, ++it) {
+                        const int s = it % STAGES;
+                        const unsigned full = full0 + 8 * s, sa = smem0 + s * STAGE_BYTES;
+                        tma::mbar_wait(empty0 + 8 * s, ((it / STAGES) & 1) ^ 1);
+                        tma::mbar_arrive_expect_tx(full, STAGE_BYTES);
+                        tma::load_2d(sa, a_map, full, kt * BK, row0);
+                        if constexpr (CM > 1)  // this CTA's half of B, into both CTAs
+                            tma::load_2d_multicast(sa + A_BYTES + rank * (B_BYTES / CM), b_map, full, kt * BK,
+                                                   brow0 + rank * (BN / CM), (1u << CM) - 1);
+                        else
+                            tma::load_2d(sa + A_BYTES, b_map, full, kt * BK, brow0);
+                    }
                 }
+                __syncwarp();
             }
-            __syncwarp();
         }
-        return;
-    }
+    } else {
+        // -------------------------------------------------------------------- consumers
+        ws::regs_inc<232>();
+        const int g = wg - 1;            // which 64 rows of the tile
+        const int tg = tid - 128 * wg;   // thread index in the warpgroup
+        const unsigned ebuf = epi0 + g * EPI_BYTES;
+        float d[128];
+        int it = 0, e, mp, n_tile;
+        // the previous stage is free: one arrival per consumer warpgroup in this CTA and in the peer
+        auto release = [&](int stage) {
+            if (tg == 0) tma::mbar_arrive(empty0 + 8 * stage);
+            if constexpr (CM > 1)
+                if (tg == 32) tma::mbar_arrive_cluster(empty0 + 8 * stage, rank ^ 1);
+        };
+        for (int unit = blockIdx.x / CM; locate_tile<BM * CM>(unit, offsets, experts, n_tiles, e, mp, n_tile);
+             unit += gridDim.x / CM) {
+            const int m_tile = mp * CM + rank;
+#pragma unroll
+            for (int i = 0; i < 128; ++i) d[i] = 0.f;
+            for (int kt = 0; kt < k_tiles; ++kt, ++it) {
+                const int s = it % STAGES;
+                tma::mbar_wait(full0 + 8 * s, (it / STAGES) & 1);
+                const unsigned sa = smem0 + s * STAGE_BYTES + g * (64 * BK * 2), sb = smem0 + s * STAGE_BYTES + A_BYTES;
+                const unsigned long long da = wgmma::desc_k_major(sa), db = wgmma::desc_k_major(sb);
+                wgmma::fence();
+#pragma unroll
+                for (int ks = 0; ks < BK / 16; ++ks)
+                    wgmma::mma_ss<T, 256>(d, wgmma::advance(da, ks * 32), wgmma::advance(db, ks * 32));
+                wgmma::commit();
+                wgmma::wait<1>();  // the previous stage's wgmma are done: release it
+                if (kt > 0) release((it - 1) % STAGES);
+            }
+            wgmma::wait<0>();
+            release((it - 1) % STAGES);
 
-    // -------------------------------------------------------------------- consumers
-    ws::regs_inc<232>();
-    const int g = wg - 1;            // which 64 rows of the tile
-    const int tg = tid - 128 * wg;   // thread index in the warpgroup
-    const unsigned ebuf = epi0 + g * EPI_BYTES;
-    float d[128];
-    int it = 0, e, m_tile, n_tile;
-    for (int tile = blockIdx.x; locate_tile<BM>(tile, offsets, experts, n_tiles, e, m_tile, n_tile);
-         tile += gridDim.x) {
+            // ---- epilogue: fragments -> swizzled staging (activation, row scale, conversion) -> 16-byte row stores
+            const int row0 = offsets[e] + m_tile * BM + 64 * g;
+            const int rows_here = min(64, offsets[e + 1] - row0);
+            if (rows_here <= 0) continue;  // the whole warpgroup takes the same branch
+            const int n_out = EPI == EPI_SWIGLU ? N / 2 : N;
+            const int r_frag = 16 * (warp & 3) + (lane >> 2), q = lane & 3;
+            float scale[2];
 #pragma unroll
-        for (int i = 0; i < 128; ++i) d[i] = 0.f;
-        for (int kt = 0; kt < k_tiles; ++kt, ++it) {
-            const int s = it % STAGES;
-            tma::mbar_wait(full0 + 8 * s, (it / STAGES) & 1);
-            const unsigned sa = smem0 + s * STAGE_BYTES + g * (64 * BK * 2), sb = smem0 + s * STAGE_BYTES + A_BYTES;
-            const unsigned long long da = wgmma::desc_k_major(sa), db = wgmma::desc_k_major(sb);
-            wgmma::fence();
+            for (int h = 0; h < 2; ++h) {
+                const int r = r_frag + 8 * h;
+                scale[h] = (row_scale != nullptr && r < rows_here) ? row_scale[row0 + r] : 1.f;
+            }
+            // byte address of element (r, c) of the staging tile: 64-column blocks of 128-byte rows, 128-byte swizzle
+            auto staged = [&](int r, int c) {
+                return ebuf + (c >> 6) * 8192 + r * 128 + ((((c & 63) >> 3) ^ (r & 7)) << 4) + (c & 7) * 2;
+            };
+            constexpr int PASSES = EPI == EPI_SWIGLU ? 1 : 2;
 #pragma unroll
-            for (int ks = 0; ks < BK / 16; ++ks)
-                wgmma::mma_ss<T, 256>(d, wgmma::advance(da, ks * 32), wgmma::advance(db, ks * 32));
-            wgmma::commit();
-            wgmma::wait<1>();  // the previous stage's wgmma are done: release it
-            if (kt > 0 && tg == 0) tma::mbar_arrive(empty0 + 8 * ((it - 1) % STAGES));
-        }
-        wgmma::wait<0>();
-        if (tg == 0) tma::mbar_arrive(empty0 + 8 * ((it - 1) % STAGES));
-
-        // ---- epilogue: fragments -> swizzled staging (activation, row scale, conversion) -> 16-byte row stores
-        const int row0 = offsets[e] + m_tile * BM + 64 * g;
-        const int rows_here = min(64, offsets[e + 1] - row0);
-        if (rows_here <= 0) continue;  // the whole warpgroup takes the same branch
-        const int n_out = EPI == EPI_SWIGLU ? N / 2 : N;
-        const int r_frag = 16 * (warp & 3) + (lane >> 2), q = lane & 3;
-        float scale[2];
+            for (int p = 0; p < PASSES; ++p) {
+                ws::bar_sync(1 + g, 128);  // the last pass's reads of the staging buffer are done
 #pragma unroll
-        for (int h = 0; h < 2; ++h) {
-            const int r = r_frag + 8 * h;
-            scale[h] = (row_scale != nullptr && r < rows_here) ? row_scale[row0 + r] : 1.f;
-        }
-        constexpr int PASSES = EPI == EPI_SWIGLU ? 1 : 2;
+                for (int jj = 0; jj < 32 / PASSES; ++jj) {
+                    const int j = p * (32 / PASSES) + jj;
 #pragma unroll
-        for (int p = 0; p < PASSES; ++p) {
-            ws::bar_sync(1 + g, 128);  // the last pass's reads of the staging buffer are done
+                    for (int h = 0; h < 2; ++h) {
+                        const int r = r_frag + 8 * h;
+                        const float v0 = d[4 * j + 2 * h], v1 = d[4 * j + 2 * h + 1];
+                        if constexpr (EPI == EPI_SWIGLU) {
+                            const int c = 4 * j + q;  // output column in the tile's 128
+                            const unsigned addr = staged(r, c);
+                            const float silu = v0 / (1.f + __expf(-v0));
+                            const T v = mma::Convert<T>::from(silu * v1 * scale[h]);
+                            const unsigned short bits = *reinterpret_cast<const unsigned short*>(&v);
+                            asm volatile("st.shared.b16 [%0], %1;\n" ::"r"(addr), "h"(bits));
+                        } else {
+                            const int c = 8 * jj + 2 * q;  // column in this pass's 128
+                            const unsigned addr = staged(r, c);
+                            const unsigned v = mma::Convert<T>::pack(v0 * scale[h], v1 * scale[h]);
+                            asm volatile("st.shared.b32 [%0], %1;\n" ::"r"(addr), "r"(v));
+                        }
+                    }
+                }
+                ws::bar_sync(1 + g, 128);
+                const int col0 = EPI == EPI_SWIGLU ? n_tile * 128 : n_tile * BN + p * 128;
 #pragma unroll
-            for (int jj = 0; jj < 32 / PASSES; ++jj) {
-                const int j = p * (32 / PASSES) + jj;
-#pragma unroll
-                for (int h = 0; h < 2; ++h) {
-                    const int r = r_frag + 8 * h;
-                    const float v0 = d[4 * j + 2 * h], v1 = d[4 * j + 2 * h + 1];
-                    if constexpr (EPI == EPI_SWIGLU) {
-                        const int c = 4 * j + q;  // output column in the tile's 128
-                        const unsigned addr = ebuf + (c >> 6) * 8192 + r * 128 + ((((c & 63) >> 3) ^ (r & 7)) << 4) +
-                                              (c & 7) * 2;
-                        const float silu = v0 / (1.f + __expf(-v0));
-                        const T v = mma::Convert<T>::from(silu * v1 * scale[h]);
-                        asm volatile("st.shared.b16 [%0], %1;\n" ::"r"(addr), "h"(*reinterpret_cast<const unsigned short*>(&v)));
-                    } else {
-                        const int c = 8 * jj + 2 * q;  // column in this pass's 128
-                        const unsigned addr = ebuf + (c >> 6) * 8192 + r * 128 + ((((c & 63) >> 3) ^ (r & 7)) << 4) +
-                                              (c & 7) * 2;
-                        const unsigned v = mma::Convert<T>::pack(v0 * scale[h], v1 * scale[h]);
-                        asm volatile("st.shared.b32 [%0], %1;\n" ::"r"(addr), "r"(v));
+                for (int i = 0; i < 8; ++i) {
+                    const int idx = tg + 128 * i, r = idx >> 4, ch = idx & 15;
+                    if (r < rows_here && col0 + ch * 8 < n_out) {
+                        const unsigned addr = staged(r, ch * 8);
+                        uint4 v;
+                        asm volatile("ld.shared.v4.b32 {%0, %1, %2, %3}, [%4];\n"
+                                     : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w) : "r"(addr));
+                        *reinterpret_cast<uint4*>(out + (size_t)(row0 + r) * n_out + col0 + ch * 8) = v;
                     }
                 }
             }
-            ws::bar_sync(1 + g, 128);
-            const int col0 = EPI == EPI_SWIGLU ? n_tile * 128 : n_tile * BN + p * 128;
-#pragma unroll
-            for (int i = 0; i < 8; ++i) {
-                const int idx = tg + 128 * i, r = idx >> 4, ch = idx & 15;
-                if (r < rows_here && col0 + ch * 8 < n_out) {
-                    const unsigned addr = ebuf + (ch >> 3) * 8192 + r * 128 + (((ch & 7) ^ (r & 7)) << 4);
-                    uint4 v;
-                    asm volatile("ld.shared.v4.b32 {%0, %1, %2, %3}, [%4];\n"
-                                 : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w) : "r"(addr));
-                    *reinterpret_cast<uint4*>(out + (size_t)(row0 + r) * n_out + col0 + ch * 8) = v;
-                }
-            }
         }
     }
+    if constexpr (CM > 1) tma::cluster_sync();  // no remote arrival may reach an exited CTA
+}
+
+// The kernels: one CTA per work item, or clusters of two along M (the cluster shape is a compile-time attribute
+// of the pair kernel only; a single-CTA kernel carries none).
+template <typename T, int STAGES, int EPI>
+__global__ void __launch_bounds__(384, 1)
+moe_grouped_gemm_tma(const __grid_constant__ tma::TensorMap a_map, const __grid_constant__ tma::TensorMap b_map,
+                     T* __restrict__ out, const int* __restrict__ offsets, const float* __restrict__ row_scale,
+                     int experts, int N, int K) {
+    grouped_gemm_tma<T, STAGES, EPI, 1>(a_map, b_map, out, offsets, row_scale, experts, N, K);
+}
+
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ < 900
+#define CLUSTER_OF_2  // before sm_90 the attribute does not compile, even on a template no one instantiates there
+#else
+#define CLUSTER_OF_2 __cluster_dims__(2, 1, 1)
+#endif
+
+template <typename T, int STAGES, int EPI>
+__global__ void __launch_bounds__(384, 1) CLUSTER_OF_2
+moe_grouped_gemm_tma_pair(const __grid_constant__ tma::TensorMap a_map, const __grid_constant__ tma::TensorMap b_map,
+                          T* __restrict__ out, const int* __restrict__ offsets, const float* __restrict__ row_scale,
+                          int experts, int N, int K) {
+    grouped_gemm_tma<T, STAGES, EPI, 2>(a_map, b_map, out, offsets, row_scale, experts, N, K);
 }
