@@ -57,7 +57,7 @@ from .dispatch import PermuteCall, combine_launcher, gather_launcher
 from .gemm_configs import GemmProblem
 from .grouped_gemm import GemmCall
 from .grouped_gemm import validate as validate_gemm
-from .layer import ACTIVATIONS, _Meta, check_expert_weights
+from .layer import ACTIVATIONS, _Meta, as_layer_weights, check_expert_weights
 from .routing import RouteCall
 
 _D2D, _D2H, _H2D = 3, 2, 1  # cudaMemcpyKind
@@ -233,13 +233,7 @@ class ExpertParallelMoE:
         if activation not in ACTIVATIONS:
             raise ValueError(f"activation must be one of {ACTIVATIONS}, got {activation!r}")
         self.chunks = _int("chunks", chunks, 1)
-        w_gate_up, _ = dtypes.as_cupy(w_gate_up, name="w_gate_up")
-        w_down, _ = dtypes.as_cupy(w_down, name="w_down")
-        router, _ = dtypes.as_cupy(router_weight, name="router_weight")
-        if w_gate_up.ndim != 3 or w_down.ndim != 3 or router.ndim != 2:
-            raise ValueError(f"expected router_weight [hidden, experts], w_gate_up [local experts, n, hidden], "
-                             f"w_down [local experts, hidden, intermediate]; got {router.shape}, {w_gate_up.shape}, "
-                             f"{w_down.shape}")
+        router, w_gate_up, w_down = as_layer_weights(router_weight, w_gate_up, w_down, "local experts")
         hidden, experts = (int(v) for v in router.shape)
         lo, hi = shard_range(experts, world, rank)
         local, n_up, h2 = (int(v) for v in w_gate_up.shape)
@@ -385,7 +379,7 @@ class _EPCall:
         self._gathers: dict = {}
         if tokens:  # an empty rank routes nothing, but still exchanges (zero counts, its share of rows)
             self.router = GemmCall(GemmProblem(rows=tokens, n=E, k=L.hidden, experts=1, dtype=self.dname,
-                                               epilogue=None), None, np.dtype(np.float32), dt, frame)
+                                               epilogue=None, out_dtype="fp32"), None, dt, frame)
         self.one_group = cupy.asarray([0, tokens], dtype=cupy.int32)
         self.per_size = {}
         for n in sorted({n for _, n in self.bounds if n}):
@@ -424,8 +418,7 @@ class _EPCall:
             L = self.layer
             n_up = 2 * L.intermediate if L.activation == "swiglu" else L.intermediate
             mk = lambda n, kk, epi: GemmCall(GemmProblem(rows=rows, n=n, k=kk, experts=L.local_experts,  # noqa: E731
-                                                         dtype=self.dname, epilogue=epi), None, self.dt, self.dt,
-                                             self.frame)
+                                                         dtype=self.dname, epilogue=epi), None, self.dt, self.frame)
             pair = self._gemms[rows] = (mk(n_up, L.hidden, L.activation), mk(L.hidden, L.intermediate, None))
         return pair
 

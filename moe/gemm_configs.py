@@ -181,6 +181,10 @@ TMA_PAIR = (
     GemmConfig(kind="tma", block_m=128, block_n=256, block_k=64, warps_m=8, warps_n=1, stages=4, cluster_m=2),
 )
 ALL = TMA + TMA_PAIR + WGMMA + LARGE + MEDIUM + SMALL
+# the planner's preference lists for problems of >= 2 waves of 128 x 256 tiles: with the tma tile where it can
+# run (cuda-bindings, 16-bit output), without it elsewhere
+LARGE_NO_TMA = WGMMA + LARGE + MEDIUM + SMALL
+LARGE_ORDER = TMA + LARGE_NO_TMA
 
 
 def _config_from(raw: dict) -> GemmConfig:
@@ -220,17 +224,14 @@ def plan(problem: GemmProblem, spec: DeviceSpec) -> tiling.Plan:
     est_m_tiles = max(1, problem.rows // 128) + min(problem.experts, max(problem.rows, 1)) // 2
     large_ctas = est_m_tiles * -(-n // 256)
     if large_ctas >= 2 * spec.sm_count and n >= 256:
-        candidates, why = LARGE_ORDER, f"~{large_ctas} CTAs of 128x256 >= 2 waves on {spec.sm_count} SMs"
+        why = f"~{large_ctas} CTAs of 128x256 >= 2 waves on {spec.sm_count} SMs"
         no_tma = _tma_unusable(problem)
-        if no_tma:
-            candidates, why = candidates[len(TMA):], f"{why}; no tma tile: {no_tma}"
+        candidates, why = (LARGE_NO_TMA, f"{why}; no tma tile: {no_tma}") if no_tma else (LARGE_ORDER, why)
     else:
         candidates, why = MEDIUM + SMALL, f"~{large_ctas} CTAs of 128x256 < 2 waves on {spec.sm_count} SMs"
     candidates = [c for c in _for_device(candidates, spec) if problem.epilogue in c.epilogues()]
     return tiling.choose(candidates, spec, reason=why)
 
-
-LARGE_ORDER = TMA + WGMMA + LARGE + MEDIUM + SMALL
 
 
 def _tma_unusable(problem: GemmProblem) -> str | None:
@@ -250,7 +251,7 @@ def variants(spec: DeviceSpec) -> list[GemmConfig]:
     check_arch(spec)
     out = []
     for epilogue in EPILOGUES:
-        for candidates in (LARGE_ORDER, WGMMA + LARGE + MEDIUM + SMALL, MEDIUM + SMALL):
+        for candidates in (LARGE_ORDER, LARGE_NO_TMA, MEDIUM + SMALL):
             fitting = [c for c in _for_device(candidates, spec) if epilogue in c.epilogues()]
             cfg = tiling.choose(fitting, spec, reason="").config
             if cfg not in out:

@@ -23,8 +23,6 @@ itself (grouped_gemm.cu's header), so the call can be captured in a CUDA graph.
 """
 from __future__ import annotations
 
-import dataclasses
-
 from pathlib import Path
 
 import numpy as np
@@ -95,14 +93,14 @@ def validate(a, b, offsets, *, epilogue=None, row_scale=None, out_dtype=None) ->
 
 
 class GemmCall:
-    """A validated, planned, compiled grouped GEMM for one signature: pointers in, output allocated and written."""
+    """A validated, planned, compiled grouped GEMM for one signature: pointers in, output allocated and written
+    (``dtype``, or float32 when ``problem.out_dtype`` says so)."""
 
-    def __init__(self, problem: gemm_configs.GemmProblem, config, out_dtype: np.dtype, dtype: np.dtype, frame):
+    def __init__(self, problem: gemm_configs.GemmProblem, config, dtype: np.dtype, frame):
         import cupy
 
         self.frame = frame
-        if np.dtype(out_dtype) == np.float32 and problem.out_dtype != "fp32":  # planned for what is written
-            problem = dataclasses.replace(problem, out_dtype="fp32")
+        out_dtype = np.dtype(np.float32) if problem.out_dtype == "fp32" else np.dtype(dtype)
         with cupy.cuda.Device(frame.device_id):
             if config is None:
                 config = launch.plan(gemm_configs.plan, problem).config
@@ -115,6 +113,9 @@ class GemmCall:
                 return
             P = _launch.Ptr  # 0 a, 1 b, 2 out, 3 offsets, 4 row_scale (0: none)
             a_arg, b_arg = P(0), P(1)
+            kern = launch.kernel(SOURCE, config.name_expression(dtype=dtype, epilogue=problem.epilogue,
+                                                                out_dtype=out_dtype))
+            clusters = None
             if config.kind == "tma":  # tensor maps over a [rows, K] and b [experts * N, K], bound at each launch
                 from cukernels import tma
 
@@ -123,15 +124,10 @@ class GemmCall:
                                       swizzle=128, index=0)
                 b_arg = tma.TensorMap(2, (problem.k, problem.experts * problem.n), row_bytes,  # a cluster's CTAs
                                       (config.block_k, config.block_n // config.cluster_m), swizzle=128, index=1)
-            kern = launch.kernel(SOURCE, config.name_expression(dtype=dtype, epilogue=problem.epilogue,
-                                                                out_dtype=out_dtype))
-            clusters = None
-            if config.kind == "tma" and config.cluster_m > 1:  # the clusters that fit at once, not SMs / 2
-                from cukernels import tma
-
-                kern.reserve_smem(config.smem_bytes())
-                clusters = tma.max_active_clusters(kern.handle, config.cluster_m, config.threads,
-                                                   config.smem_bytes())
+                if config.cluster_m > 1:  # the clusters that fit at once, not SMs / 2
+                    kern.reserve_smem(config.smem_bytes())
+                    clusters = tma.max_active_clusters(kern.handle, config.cluster_m, config.threads,
+                                                       config.smem_bytes())
             self.launcher = _launch.Launcher(
                 kern, (config.grid(problem, launch.spec().sm_count, clusters),), (config.threads,),
                 (a_arg, b_arg, P(2), P(3), P(4), np.int32(problem.experts), np.int32(problem.n),
@@ -163,10 +159,8 @@ def _validated(a, b, offsets, epilogue, row_scale, out_dtype, config) -> GemmCal
     devs = {_launch.view(x)[0][4] for _, x in named if x is not None}
     if len(devs) != 1:
         raise ValueError(f"a, b, offsets (and row_scale) must be on one device, got devices {sorted(devs)}")
-    dt = dtypes.storage(a)
-    out = dt if out_dtype is None else np.dtype(out_dtype)
     frame = _launch.frame(_launch.is_torch(a), devs.pop())
-    return GemmCall(problem, config, out, dt, frame)
+    return GemmCall(problem, config, dtypes.storage(a), frame)
 
 
 def grouped_gemm(a, b, offsets, *, epilogue: str | None = None, row_scale=None, out_dtype=None, config=None):

@@ -48,15 +48,16 @@ class LayerCall:
         rows = tokens * top_k
         name = self.dtype
         with cupy.cuda.Device(frame.device_id):
-            gemm = lambda rows_, n, k, e, epi, out: GemmCall(  # noqa: E731
-                GemmProblem(rows=rows_, n=n, k=k, experts=e, dtype=name, epilogue=epi), None, out, dtype, frame)
-            self.router = gemm(tokens, experts, hidden, 1, None, np.dtype(np.float32))
+            gemm = lambda rows_, n, k, e, epi, out=None: GemmCall(  # noqa: E731
+                GemmProblem(rows=rows_, n=n, k=k, experts=e, dtype=name, epilogue=epi, out_dtype=out), None, dtype,
+                frame)
+            self.router = gemm(tokens, experts, hidden, 1, None, "fp32")
             self.route = RouteCall(configs.RouteProblem(tokens=tokens, experts=experts, top_k=top_k, dtype="fp32"),
                                    "softmax", True, frame)
             self.permute = PermuteCall(self.route, None, frame)
             n_up = 2 * inter if activation == "swiglu" else inter
-            self.up = gemm(rows, n_up, hidden, experts, activation, dtype)
-            self.down = gemm(rows, hidden, inter, experts, None, dtype)
+            self.up = gemm(rows, n_up, hidden, experts, activation)
+            self.down = gemm(rows, hidden, inter, experts, None)
             # x and the workspace's rows are 16-byte aligned (x is checked per call; K % 8 == 0 makes rows so)
             self.combine = combine_launcher(tokens, hidden, top_k, dtype, 16)
             self.gather_launcher = gather_launcher(rows, hidden, top_k, dtype, 16)
@@ -146,6 +147,19 @@ class _Meta:
         self.flags = type("Flags", (), {"c_contiguous": True})()
 
 
+def as_layer_weights(router_weight, w_gate_up, w_down, experts_word: str):
+    """An MoE layer's weights as CuPy views (torch tensors zero-copy), ranks checked: router_weight [hidden,
+    experts], w_gate_up [``experts_word``, n, hidden], w_down [``experts_word``, hidden, intermediate]."""
+    w_gate_up, _ = dtypes.as_cupy(w_gate_up, name="w_gate_up")
+    w_down, _ = dtypes.as_cupy(w_down, name="w_down")
+    router, _ = dtypes.as_cupy(router_weight, name="router_weight")
+    if w_gate_up.ndim != 3 or w_down.ndim != 3 or router.ndim != 2:
+        raise ValueError(f"expected router_weight [hidden, experts], w_gate_up [{experts_word}, n, hidden], "
+                         f"w_down [{experts_word}, hidden, intermediate]; got {router.shape}, {w_gate_up.shape}, "
+                         f"{w_down.shape}")
+    return router, w_gate_up, w_down
+
+
 def check_expert_weights(w_gate_up, w_down, top_k, activation: str, experts: int, experts_from: str) -> int:
     """The checks an MoE layer's expert weights share (``MoELayer``, the expert-parallel ``moe.ep`` layer, which
     holds a slice): gate/up pairs for SwiGLU, ``w_down`` [w_gate_up's experts, hidden, intermediate], 1..MAX_EXPERTS
@@ -180,13 +194,7 @@ class MoELayer:
         if activation not in ACTIVATIONS:
             raise ValueError(f"activation must be one of {ACTIVATIONS}, got {activation!r}")
         self._torch_weights = _launch.is_torch(w_gate_up)
-        w_gate_up, _ = dtypes.as_cupy(w_gate_up, name="w_gate_up")
-        w_down, _ = dtypes.as_cupy(w_down, name="w_down")
-        router, _ = dtypes.as_cupy(router_weight, name="router_weight")
-        if w_gate_up.ndim != 3 or w_down.ndim != 3 or router.ndim != 2:
-            raise ValueError(f"expected router_weight [hidden, experts], w_gate_up [experts, n, hidden], "
-                             f"w_down [experts, hidden, intermediate]; got {router.shape}, {w_gate_up.shape}, "
-                             f"{w_down.shape}")
+        router, w_gate_up, w_down = as_layer_weights(router_weight, w_gate_up, w_down, "experts")
         experts, _, hidden = (int(v) for v in w_gate_up.shape)
         inter = check_expert_weights(w_gate_up, w_down, top_k, activation, experts, "w_gate_up (shape[0])")
         if tuple(router.shape) != (hidden, experts):

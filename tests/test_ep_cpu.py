@@ -425,8 +425,9 @@ def _combine(tokens, hidden, top_k, dt, align):
 
 
 class _Gemm:
-    def __init__(self, problem, config, out_dtype, dtype, frame):
-        self.p, self.out_dtype, self.dtype = problem, np.dtype(out_dtype), np.dtype(dtype)
+    def __init__(self, problem, config, dtype, frame):
+        self.p, self.dtype = problem, np.dtype(dtype)
+        self.out_dtype = np.dtype(np.float32) if problem.out_dtype == "fp32" else self.dtype
 
     def enqueue(self, stream, pa, pb, pout, poffsets, pscale):
         p = self.p
