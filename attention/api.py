@@ -21,7 +21,7 @@ from cukernels import compile as _compile
 from cukernels import device as _device
 from cukernels import dtypes, launch, tiling
 
-from .configs import HEAD_DIMS, MASK_SEGMENTS, FwdProblem, plan_forward
+from .configs import HEAD_DIMS, MASK_SEGMENTS, FwdProblem, plan_forward, tma_unusable
 
 KERNELS = Path(__file__).parent / "kernels"
 KERNEL_SOURCE = KERNELS / "flash_fwd.cu"  # holds tile_id_range, the segment-id pre-pass of every kernel
@@ -190,7 +190,32 @@ def validate(q, k, v, *, causal=False, window=None, segment_ids=None, softmax_sc
     if len(devs) != 1:
         raise ValueError(f"q, k, v (and segment_ids) must be on one device, got devices {sorted(devs)}")
     return FwdProblem(batch=batch, seq_q=seq_q, seq_kv=seq_kv, heads=heads, kv_heads=kv_heads,
-                      head_dim=head_dim, dtype=qdt, causal=bool(causal), window=window, segments=segments)
+                      head_dim=head_dim, dtype=qdt, causal=bool(causal), window=window, segments=segments,
+                      tma_layout=tma_layout(layouts))
+
+
+def tma_layout(layouts) -> bool:
+    """Whether tensor maps can describe q, k and v (``describe_qkv``'s layouts): no stride 0 along an axis longer
+    than 1 (an axis of length 1 takes any stride in the map)."""
+    return all(st > 0 or n == 1 for shape, strides in layouts.values() for n, st in zip(shape[:-1], strides[:-1]))
+
+
+def tensor_maps(q, k, v, problem: FwdProblem, cfg) -> list:
+    """The tensor maps of ``flash_fwd_tma`` (kernels/flash_fwd_tma.cu): q, k, v as rank-4 (head_dim, seq, heads,
+    batch) maps, boxes of 64 columns x the tile's rows with the 128-byte swizzle, bound to call pointers 0, 1, 2;
+    a packed batch's as batch 1 over the packed rows."""
+    from cukernels import tma
+
+    out = []
+    for i, (x, rows, heads, box_rows) in enumerate(((q, problem.seq_q, problem.heads, cfg.block_m),
+                                                     (k, problem.seq_kv, problem.kv_heads, cfg.block_n),
+                                                     (v, problem.seq_kv, problem.kv_heads, cfg.block_n))):
+        sb, ss, sh = batch_strides(x, problem.varlen)
+        dims = (problem.head_dim, rows, heads, 1 if problem.varlen else problem.batch)
+        # an axis of length 1 is never stepped along: any valid stride describes it
+        strides = tuple(2 * st if st > 0 else 2 * problem.head_dim for st in (ss, sh, sb))
+        out.append(tma.TensorMap(2, dims, strides, (64, box_rows, 1, 1), swizzle=128, index=i))
+    return out
 
 
 def _window_bounds(problem: FwdProblem) -> tuple[int, int]:
@@ -320,6 +345,8 @@ class ForwardCall:
             tiling.check_fits(cfg, spec)  # a plan handed in must fit this device like a planned one
             if cfg.head_dim != problem.head_dim:
                 raise ValueError(f"plan is for head_dim {cfg.head_dim}, the inputs have {problem.head_dim}")
+            if getattr(cfg, "kind", None) == "tma" and (why := tma_unusable(problem)):
+                raise ValueError(f"plan {cfg} needs tensor maps, which cannot serve these inputs: {why}")
             dtype = dtypes.from_name(problem.dtype)
             kern = _compile.kernel(KERNELS / cfg.source, cfg.name_expression(dtype=dtype, mask=problem.mask))
             B, Sq, H, D, Skv = problem.batch, problem.seq_q, problem.heads, problem.head_dim, problem.seq_kv
@@ -340,10 +367,14 @@ class ForwardCall:
             strides = [np.int64(s) for x in (q, k, v) for s in batch_strides(x, problem.varlen)]
             P = launch.Ptr
             # q, k, v, o, lse, q_ids, kv_ids, q_ranges, kv_ranges (ids: the cu_seqlens of a packed batch; the
-            # last four unused without segments or packing)
+            # last four unused without segments or packing); the TMA kernel takes q, k, v as tensor maps and no
+            # strides (the maps hold them)
+            qkv = (P(0), P(1), P(2))
+            if getattr(cfg, "kind", None) == "tma":
+                qkv, strides = tensor_maps(q, k, v, problem, cfg), []
             self.main = launch.Launcher(
                 kern, grid, (cfg.threads,),
-                (P(0), P(1), P(2), P(3), P(4), P(5), P(6), P(7), P(8), *strides,
+                (*qkv, P(3), P(4), P(5), P(6), P(7), P(8), *strides,
                  np.int32(Sq), np.int32(Skv), np.int32(H), np.int32(H // problem.kv_heads),
                  np.int32(left), np.int32(right), np.float32(scale * math.log2(math.e)), np.int32(B)),
                 smem=cfg.smem_bytes())

@@ -116,6 +116,46 @@ class FwdWgmmaConfig:
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
+class FwdTmaConfig:
+    """One instance of ``flash_fwd_tma`` (kernels/flash_fwd_tma.cu, sm_90a only): warp-specialised, 128 query
+    rows per CTA (two consumer warpgroups of 64) and BLOCK_N KV rows per stage of an mbarrier ring filled by TMA
+    from a producer warpgroup. Shared memory: Q tile + STAGES x (K + V tiles), 1 KiB to align them to the swizzle
+    atom, and the barriers (Q, full K, full V and empty per stage). Needs cuda-bindings for the tensor maps and
+    q/k/v strides a tensor map can describe (``FwdProblem.tma_layout``)."""
+
+    head_dim: int
+    block_n: int
+    stages: int = 2
+    pingpong: bool = True  # the consumers take turns issuing their GEMMs (softmax of one under the other's MMAs)
+
+    kind = "tma"
+    source = "flash_fwd_tma.cu"
+    needs_arch = "sm_90a"
+    block_m = 128
+    threads = 384
+
+    def __post_init__(self):
+        if self.head_dim not in HEAD_DIMS:
+            raise ValueError(f"head_dim must be one of {HEAD_DIMS}, got {self.head_dim}")
+        if self.block_n not in (64, 128):
+            raise ValueError(f"block_n must be 64 or 128, got {self.block_n}")
+        if self.stages < 2:
+            raise ValueError(f"stages must be >= 2, got {self.stages}")
+
+    def smem_bytes(self) -> int:
+        return 2 * self.head_dim * (self.block_m + 2 * self.stages * self.block_n) + 1024 + 8 * (1 + 4 * self.stages)
+
+    def name_expression(self, *, dtype, mask: int = 0) -> str:
+        if mask not in MASK_KINDS:
+            raise ValueError(f"mask must be one of {MASK_KINDS}, got {mask}")
+        pp = "true" if self.pingpong else "false"
+        return f"flash_fwd_tma<{dtypes.ctype(dtype)},{self.head_dim},{self.block_n},{self.stages},{pp},{mask}>"
+
+    def __str__(self) -> str:
+        return f"FwdTmaConfig(d{self.head_dim} m128 n{self.block_n} s{self.stages}{'' if self.pingpong else ' no-pp'})"
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
 class FwdProblem:
     batch: int
     seq_q: int
@@ -128,6 +168,7 @@ class FwdProblem:
     window: tuple[int, int] | None = None
     segments: bool = False
     varlen: bool = False  # packed: batch = sequences, seq_q / seq_kv = the packed totals (attention/varlen.py)
+    tma_layout: bool = True  # q/k/v strides a tensor map can describe (no stride 0 along an axis longer than 1)
 
     @property
     def mask(self) -> int:
@@ -163,6 +204,14 @@ _CANDIDATES = {
 # Hopper (sm_90a): (block_n, warpgroups, stages); 128-row tiles first, 64-row ones for small grids. At head dim
 # 256 one warpgroup spills (48-240 B: 128 O accumulators per thread under the same 255-register cap), so small
 # grids there take the mma.sync 64-row tile.
+# Hopper with tensor maps (cuda-bindings): (block_n, stages) of the warp-specialised kernel, first choice on sm_90a.
+# Measured on H100 (docs/perf/attention.md, --sweep): the deepest ring that fits is 6-29 % faster than 2 stages.
+_TMA_CANDIDATES = {
+    64: ((128, 4), (128, 3), (128, 2)),
+    128: ((128, 3), (128, 2), (64, 3)),
+    256: ((64, 2),),
+}
+
 _WGMMA_CANDIDATES = {
     64: ((128, 2, 2), (128, 1, 2)),
     128: ((128, 2, 2), (128, 1, 2)),
@@ -172,8 +221,11 @@ _WGMMA_CANDIDATES = {
 
 def search_space(head_dim: int) -> list:
     """Every config the planner may consider for ``head_dim``, in preference order: the wgmma tiles (which fit
-    sm_90a alone, ``needs_arch``), then the mma.sync tiles that run on every sm_80+ GPU."""
-    return ([FwdWgmmaConfig(head_dim=head_dim, block_n=n, warpgroups=w, stages=s)
+    sm_90a alone, ``needs_arch``: the warp-specialised TMA tiles first), then the mma.sync tiles that run on every
+    sm_80+ GPU."""
+    return ([FwdTmaConfig(head_dim=head_dim, block_n=n, stages=s, pingpong=pp) for pp in (True, False)
+             for n, s in _TMA_CANDIDATES[head_dim]]
+            + [FwdWgmmaConfig(head_dim=head_dim, block_n=n, warpgroups=w, stages=s)
              for n, w, s in _WGMMA_CANDIDATES[head_dim]]
             + [FwdConfig(head_dim=head_dim, block_m=m, block_n=n, warps=w, stages=s)
                for m, n, w, s in _CANDIDATES[head_dim]])
@@ -190,11 +242,22 @@ def plannable(spec: DeviceSpec, head_dim: int) -> list[FwdConfig]:
     if tuned is not None:
         found.append(tuned.config)
     space = search_space(head_dim)
-    for order in (space, sorted(space, key=lambda c: c.block_m != 64)):
+    no_tma = [c for c in space if getattr(c, "kind", None) != "tma"]  # without cuda-bindings, or a stride 0
+    for order in (space, no_tma, sorted(space, key=lambda c: c.block_m != 64)):
         fitting = [c for c in order if tiling.fits(c, spec) is None]
         if fitting and fitting[0] not in found:
             found.append(fitting[0])
     return found
+
+
+def tma_unusable(problem: FwdProblem) -> str | None:
+    """Why the TMA tiles cannot run ``problem`` here (None when they can): tensor maps need cuda-bindings and
+    strides they can describe."""
+    from cukernels import tma
+
+    if not problem.tma_layout:
+        return "a q/k/v stride of 0 along an axis longer than 1 (tensor maps need positive strides)"
+    return tma.available()
 
 
 def _override(problem: FwdProblem, spec: DeviceSpec) -> tiling.Plan | None:
@@ -218,14 +281,19 @@ def plan_forward(problem: FwdProblem, spec: DeviceSpec) -> tiling.Plan:
         )
     if problem.head_dim not in HEAD_DIMS:
         raise tiling.PlanError(f"head_dim must be one of {HEAD_DIMS}, got {problem.head_dim}")
-    tuned = tune.lookup(TUNE_OP, problem, spec, files=tune_files(), types=(FwdConfig, FwdWgmmaConfig))
+    no_tma = tma_unusable(problem)
+    tuned = tune.lookup(TUNE_OP, problem, spec, files=tune_files(), types=(FwdConfig, FwdWgmmaConfig, FwdTmaConfig))
     if tuned is None:  # no config tuned on this GPU (--tune): the profile's override or the heuristic
         tuned = _override(problem, spec)
-    if tuned is not None:
+    if tuned is not None and not (no_tma and getattr(tuned.config, "kind", None) == "tma"):
         return tuned
     candidates = search_space(problem.head_dim)
     ctas_128 = problem.heads * problem.query_tiles(128)
     reason = f"fastest spill-free tile for head_dim {problem.head_dim} that fits"
+    if no_tma:
+        candidates = [c for c in candidates if getattr(c, "kind", None) != "tma"]
+        if spec.arch == "sm_90a":
+            reason += f" (no TMA tile: {no_tma})"
     if ctas_128 < spec.sm_count:
         candidates = sorted(candidates, key=lambda c: c.block_m != 64)
         reason = f"{ctas_128} CTAs of 128 rows < {spec.sm_count} SMs: 64-row query tiles first; " + reason
@@ -257,4 +325,6 @@ def candidates(problem: FwdProblem, spec: DeviceSpec) -> list:
     heuristic choice first (the profile's override where there is one), then every other tile of the search space
     that fits the device, in the planner's preference order."""
     chosen = tune.heuristic(plan_forward, problem, spec).config
-    return [chosen, *(c for c in search_space(problem.head_dim) if c != chosen and tiling.fits(c, spec) is None)]
+    no_tma = tma_unusable(problem)
+    return [chosen, *(c for c in search_space(problem.head_dim) if c != chosen and tiling.fits(c, spec) is None
+                      and not (no_tma and getattr(c, "kind", None) == "tma"))]

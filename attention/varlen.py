@@ -80,7 +80,8 @@ def validate_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqle
     if len(devs) != 1:
         raise ValueError(f"q, k, v and cu_seqlens must be on one device, got devices {sorted(devs)}")
     return FwdProblem(batch=batch, seq_q=total_q, seq_kv=total_k, heads=heads, kv_heads=kv_heads,
-                      head_dim=head_dim, dtype=qdt, causal=bool(causal), window=window, varlen=True)
+                      head_dim=head_dim, dtype=qdt, causal=bool(causal), window=window, varlen=True,
+                      tma_layout=api.tma_layout(layouts))
 
 
 def _host(x) -> np.ndarray:

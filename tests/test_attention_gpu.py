@@ -205,3 +205,73 @@ def test_mma_sync_kernel_everywhere(case):
                        reason="forced mma.sync")
     q, k, v = _inputs(batch, seq_q, seq_kv, heads, kv_heads, dim, dtype, seed=11)
     _check(q, k, v, dtype, plan=plan, **kw)
+
+
+# The warp-specialised TMA kernel (sm_90a with cuda-bindings), forced with each of its tiles on every case above:
+# the planner gives small grids the 64-row wgmma tile, so most of these would not reach it otherwise.
+def _tma_plans(dim):
+    from attention import configs
+    from cukernels import device, tiling, tma
+
+    spec = device.current()
+    if spec.arch != "sm_90a":
+        pytest.skip(f"the TMA kernel needs sm_90a, this GPU is {spec.arch}")
+    if (why := tma.available()) is not None:
+        pytest.skip(why)
+    return [tiling.Plan(config=c, smem_bytes=c.smem_bytes(), limit=spec.smem_per_block_optin, reason="forced tma")
+            for c in configs.search_space(dim) if getattr(c, "kind", None) == "tma" and tiling.fits(c, spec) is None]
+
+
+@pytest.mark.parametrize("case", CASES, ids=IDS)
+def test_tma_kernel(case):
+    batch, seq_q, seq_kv, heads, kv_heads, dim, dtype, opts = case
+    q, k, v = _inputs(batch, seq_q, seq_kv, heads, kv_heads, dim, dtype, seed=zlib.crc32(IDS[CASES.index(case)].encode()) % 997)
+    for plan in _tma_plans(dim):
+        _check(q, k, v, dtype, plan=plan, **opts)
+
+
+@pytest.mark.parametrize("case", SEGMENT_CASES, ids=[f"seg{c[6]}_s{c[1]}_d{c[4]}_{c[5]}_{len(c[7])}" for c in SEGMENT_CASES])
+def test_tma_kernel_segments(case):
+    import cupy
+
+    from attention.suites import packed_segment_ids
+
+    batch, seq, heads, kv_heads, dim, dtype, docs, opts = case
+    q, k, v = _inputs(batch, seq, seq, heads, kv_heads, dim, dtype, seed=docs + 5)
+    ids = cupy.asarray(packed_segment_ids(batch, seq, docs, seed=docs))
+    for plan in _tma_plans(dim):
+        _check(q, k, v, dtype, plan=plan, segment_ids=ids, **opts)
+
+
+@pytest.mark.parametrize("dim", [64, 128, 256])
+def test_tma_kernel_strided_and_empty_rows(dim):
+    """Strided views of a packed qkv tensor (the maps carry the strides); rows with no visible key (zeros, LSE
+    -inf) and CTAs with no KV tile at all."""
+    import cupy
+
+    qkv = dtypes.random((2, 333, 3, 4, dim), dtypes.BF16, seed=dim)
+    q, k, v = qkv[:, :, 0], qkv[:, :, 1], qkv[:, :, 2]
+    q2, k2, v2 = _inputs(1, 600, 50, 2, 2, dim, "fp16", seed=3)
+    for plan in _tma_plans(dim):
+        _check(q, k, v, "bf16", plan=plan, causal=True)
+        o, lse = _check(q2, k2, v2, "fp16", plan=plan, causal=True)
+        assert (cupy.asnumpy(o)[:, :550] == 0).all()
+        assert np.isneginf(cupy.asnumpy(lse)[:, :, :550]).all()
+
+
+def test_tma_plan_refused_for_a_broadcast_axis():
+    """A k/v broadcast over the batch (stride 0) is a layout tensor maps cannot hold: the planner takes another
+    kernel, and a TMA plan handed in is refused by name before any launch."""
+    import cupy
+
+    from attention import configs, flash_attention
+    from cukernels import device
+
+    plans = _tma_plans(128)
+    q, k, v = _inputs(3, 200, 200, 4, 2, 128, "bf16", seed=9)
+    kb, vb = (cupy.broadcast_to(x[:1], x.shape) for x in (k, v))
+    problem = configs.FwdProblem(batch=3, seq_q=200, seq_kv=200, heads=4, kv_heads=2, head_dim=128, tma_layout=False)
+    assert getattr(configs.plan_forward(problem, device.current()).config, "kind", None) != "tma"
+    _check(q, kb, vb, "bf16")
+    with pytest.raises(ValueError, match="tensor maps"):
+        flash_attention(q, kb, vb, plan=plans[0])

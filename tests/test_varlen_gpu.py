@@ -69,13 +69,14 @@ def _forward_reference(lq, lk, q, k, v, *, round_to=None, **kw):
     return o, lse
 
 
-def _check_forward(lq, lk, q, k, v, dtype, **kw):
+def _check_forward(lq, lk, q, k, v, dtype, plan=None, **kw):
     import cupy
 
     from attention import flash_attention_varlen
 
     checks.poison_pool(q.size * 2 + q.shape[0] * q.shape[1] * 4 + (1 << 20))
-    o, lse = flash_attention_varlen(q, k, v, _cu(lq), _cu(lk), max(lq), max(lk), return_lse=True, **kw)
+    o, lse = flash_attention_varlen(q, k, v, _cu(lq), _cu(lk), max(lq), max(lk), return_lse=True, plan=plan,
+                                     **kw)
     cupy.cuda.get_current_stream().synchronize()
     assert o.shape == q.shape and o.dtype == q.dtype
     assert lse.shape == (q.shape[1], q.shape[0]) and lse.dtype == np.float32
@@ -204,3 +205,22 @@ def test_torch_autograd_matches_the_cupy_path():
     assert bool(cupy.array_equal(bits(o), oc))
     for t, c in zip((q.grad, k.grad, v.grad), grads):
         assert bool(cupy.array_equal(bits(t), c))
+
+
+@pytest.mark.parametrize("case", CASES, ids=IDS)
+def test_tma_forward(case):
+    """The warp-specialised TMA forward (sm_90a with cuda-bindings) forced with each of its tiles: query tiles
+    and key tiles that reach into the next packed sequence (masked, never stored)."""
+    from attention import configs
+    from cukernels import device, tiling, tma
+
+    spec = device.current()
+    if spec.arch != "sm_90a" or tma.available() is not None:
+        pytest.skip(f"the TMA kernel needs sm_90a and cuda-bindings ({spec.arch}; {tma.available()})")
+    lq, lk, heads, kv_heads, dim, dtype, opts = case
+    lk = lq if lk is None else lk
+    q, k, v, _ = _inputs(lq, lk, heads, kv_heads, dim, dtype, seed=zlib.crc32(IDS[CASES.index(case)].encode()) % 991)
+    for c in configs.search_space(dim):
+        if getattr(c, "kind", None) == "tma" and tiling.fits(c, spec) is None:
+            plan = tiling.Plan(config=c, smem_bytes=c.smem_bytes(), limit=spec.smem_per_block_optin, reason="tma")
+            _check_forward(lq, lk, q, k, v, dtype, plan=plan, **opts)

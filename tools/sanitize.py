@@ -40,6 +40,30 @@ def attention_cases():
         q = dtypes.random((1, 600, 2, d), dtypes.FP16, seed=4)
         k = dtypes.random((1, 50, 2, d), dtypes.FP16, seed=5)
         flash_attention(q, k, k, causal=True)
+    tma_cases()
+
+
+def tma_cases():
+    """The warp-specialised TMA forward (sm_90a with cuda-bindings), forced with each of its tiles: every mask
+    kind, more KV tiles than stages, and a packed batch whose tiles reach into the next sequence."""
+    from attention import configs, flash_attention, flash_attention_varlen
+    from cukernels import tiling, tma
+
+    spec = device.current()
+    if spec.arch != "sm_90a" or tma.available() is not None:
+        return
+    cu = cupy.asarray(np.array([0, 100, 101, 400], dtype=np.int32))
+    for d, dt, kw in _ATTENTION_SHAPES:
+        q, k, v, _, seg = _attention_inputs(d, dt, 300, 700)
+        qp, kp = q[0, :400], k[0, :400]
+        for c in configs.search_space(d):
+            if getattr(c, "kind", None) != "tma" or tiling.fits(c, spec) is not None:
+                continue
+            plan = tiling.Plan(config=c, smem_bytes=c.smem_bytes(), limit=spec.smem_per_block_optin, reason="tma")
+            flash_attention(q, k, v, segment_ids=seg, plan=plan, **kw)
+            flash_attention(q, k, v, plan=plan, **kw)
+            flash_attention(q, k, v, plan=plan)
+            flash_attention_varlen(qp, kp, kp, cu, cu, 299, 299, plan=plan, **kw)
 
 
 def backward_cases():
@@ -110,8 +134,8 @@ def decode_cases():
 
 
 def main(names) -> int:
-    cases = {"attention": attention_cases, "backward": backward_cases, "decode": decode_cases, "gemm": gemm_cases,
-             "moe": moe_cases,
+    cases = {"attention": attention_cases, "tma": tma_cases, "backward": backward_cases, "decode": decode_cases,
+             "gemm": gemm_cases, "moe": moe_cases,
              "copy": lambda: bandwidth.measure_copy(1 << 20, budget_ms=1)}
     unknown = [n for n in names if n not in cases]
     if unknown:

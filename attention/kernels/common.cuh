@@ -178,12 +178,13 @@ __device__ __forceinline__ void mask_scores(float (&acc)[NT][4], int n0, int q_a
 
 // Online softmax of rows g and g + 8: the running max stays in raw score units, the exponentials are taken in
 // log2 units with the scale folded in (p = 2^(s * scale_log2 - max * scale_log2)), written over S in place; the
-// O accumulators are rescaled by 2^((old max - new max) * scale_log2); row sums stay thread-partial (the quad
-// reduction happens once, at the end). A row with nothing visible yet keeps max -inf and subtracts 0 instead,
-// so exp2 gives 0, not NaN.
-template <int NT, int DT, bool MASKED>
-__device__ __forceinline__ void online_softmax(float (&s)[NT][4], float (&o)[DT][4], float (&row_max)[2],
-                                               float (&row_sum)[2], float scale_log2) {
+// factor by which the O accumulators must be rescaled, 2^((old max - new max) * scale_log2), is returned in
+// alpha (softmax_update) or applied at once (online_softmax); row sums stay thread-partial (the quad reduction
+// happens once, at the end). A row with nothing visible yet keeps max -inf and subtracts 0 instead, so exp2
+// gives 0, not NaN. The split lets a kernel compute this tile's P while the previous P @ V still accumulates.
+template <int NT, bool MASKED>
+__device__ __forceinline__ void softmax_update(float (&s)[NT][4], float (&row_max)[2], float (&row_sum)[2],
+                                               float scale_log2, float (&alpha)[2]) {
 #pragma unroll
     for (int h = 0; h < 2; ++h) {
         float mx = row_max[h];
@@ -191,7 +192,7 @@ __device__ __forceinline__ void online_softmax(float (&s)[NT][4], float (&o)[DT]
         for (int nt = 0; nt < NT; ++nt) mx = fmaxf(mx, fmaxf(s[nt][2 * h], s[nt][2 * h + 1]));
         mx = quad_max(mx);
         const float base = (MASKED && mx == neg_inf()) ? 0.f : mx * scale_log2;
-        const float alpha = exp2_approx(row_max[h] * scale_log2 - base);
+        alpha[h] = exp2_approx(row_max[h] * scale_log2 - base);
         row_max[h] = mx;
         float sum = 0.f;
 #pragma unroll
@@ -200,13 +201,53 @@ __device__ __forceinline__ void online_softmax(float (&s)[NT][4], float (&o)[DT]
             s[nt][2 * h + 1] = exp2_approx(fmaf(s[nt][2 * h + 1], scale_log2, -base));
             sum += s[nt][2 * h] + s[nt][2 * h + 1];
         }
-        row_sum[h] = fmaf(row_sum[h], alpha, sum);
-#pragma unroll
-        for (int dt = 0; dt < DT; ++dt) {
-            o[dt][2 * h] *= alpha;
-            o[dt][2 * h + 1] *= alpha;
-        }
+        row_sum[h] = fmaf(row_sum[h], alpha[h], sum);
     }
+}
+
+template <int DT>
+__device__ __forceinline__ void rescale_rows(float (&o)[DT][4], const float (&alpha)[2]) {
+#pragma unroll
+    for (int dt = 0; dt < DT; ++dt) {
+        o[dt][0] *= alpha[0];
+        o[dt][1] *= alpha[0];
+        o[dt][2] *= alpha[1];
+        o[dt][3] *= alpha[1];
+    }
+}
+
+// The starting state of rows g and g + 8 of a warp's 16 (query rows row_g and row_g + 8): O zero, max -inf, sums
+// zero, and the rows' segment ids (ids_b: this batch element's query ids; 0 past seq_q or without segments).
+template <int DT, bool SEGMENTS>
+__device__ __forceinline__ void init_rows(float (&o)[DT][4], float (&row_max)[2], float (&row_sum)[2], int (&qid)[2],
+                                          int row_g, int seq_q, const int* __restrict__ ids_b) {
+#pragma unroll
+    for (int dt = 0; dt < DT; ++dt) o[dt][0] = o[dt][1] = o[dt][2] = o[dt][3] = 0.f;
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+        row_max[h] = neg_inf();
+        row_sum[h] = 0.f;
+        const int row = row_g + 8 * h;
+        qid[h] = 0;
+        if constexpr (SEGMENTS) qid[h] = row < seq_q ? ids_b[row] : 0;
+    }
+}
+
+// The end of a row: its sum over the quad (the partial sums of online_softmax), 1 / sum in inv (0 for a row that saw
+// no key, whose output is then zeros) and the row's LSE in natural log (-inf for such a row).
+__device__ __forceinline__ float finish_row(float partial_sum, float row_max, float scale_log2, float& inv) {
+    constexpr float LN2 = 0.6931471805599453f;
+    const float l = quad_sum(partial_sum);
+    inv = l > 0.f ? 1.f / l : 0.f;
+    return l > 0.f ? (row_max * scale_log2 + log2f(l)) * LN2 : neg_inf();
+}
+
+template <int NT, int DT, bool MASKED>
+__device__ __forceinline__ void online_softmax(float (&s)[NT][4], float (&o)[DT][4], float (&row_max)[2],
+                                               float (&row_sum)[2], float scale_log2) {
+    float alpha[2];
+    softmax_update<NT, MASKED>(s, row_max, row_sum, scale_log2, alpha);
+    rescale_rows<DT>(o, alpha);
 }
 
 // ---------------------------------------------------------------- packed variable-length batches

@@ -87,16 +87,7 @@ flash_fwd_wgmma(const T* __restrict__ q, const T* __restrict__ k, const T* __res
     float(&o_flat)[DT * 4] = reinterpret_cast<float(&)[DT * 4]>(o_acc);  // the wgmma operand view
     float row_max[2], row_sum[2];
     int qid[2];
-#pragma unroll
-    for (int i = 0; i < DT * 4; ++i) o_flat[i] = 0.f;
-#pragma unroll
-    for (int h = 0; h < 2; ++h) {
-        row_max[h] = neg_inf();
-        row_sum[h] = 0.f;
-        const int row = m0 + warp_row + g + 8 * h;
-        qid[h] = 0;
-        if constexpr (SEGMENTS) qid[h] = row < seq_q ? q_ids[(long long)b * seq_q + row] : 0;
-    }
+    init_rows<DT, SEGMENTS>(o_acc, row_max, row_sum, qid, m0 + warp_row + g, seq_q, q_ids + (long long)b * seq_q);
     const unsigned q_wg = sQ + wg * 64 * 128;  // this warpgroup's 64 rows inside each 64-column block of Q
 
     auto tile_step = [&](int nb, int stage, auto masked_c) {
@@ -105,14 +96,7 @@ flash_fwd_wgmma(const T* __restrict__ q, const T* __restrict__ k, const T* __res
 
         float s[NT][4];
         float(&s_flat)[NT * 4] = reinterpret_cast<float(&)[NT * 4]>(s);
-#pragma unroll
-        for (int i = 0; i < NT * 4; ++i) s_flat[i] = 0.f;
-        wgmma::fence();
-#pragma unroll
-        for (int kk = 0; kk < HEAD_DIM / 16; ++kk)
-            wgmma::mma_ss<T, BLOCK_N>(s_flat, wgmma::desc_k_major(q_wg + (kk >> 2) * (BLOCK_M * 128) + (kk & 3) * 32),
-                                      wgmma::desc_k_major(k_st + (kk >> 2) * (BLOCK_N * 128) + (kk & 3) * 32));
-        wgmma::commit();
+        issue_qk<T, HEAD_DIM, BLOCK_M, BLOCK_N>(s_flat, q_wg, k_st);
         wgmma::wait<0>();
 
         if constexpr (MASKED)
@@ -139,18 +123,17 @@ flash_fwd_wgmma(const T* __restrict__ q, const T* __restrict__ k, const T* __res
 
     // ---- epilogue: O / l staged row-major (swizzled, common.cuh) in Q's space, then 16-byte stores; LSE
     T* sO = reinterpret_cast<T*>(smem);
-    constexpr float LN2 = 0.6931471805599453f;
 #pragma unroll
     for (int h = 0; h < 2; ++h) {
-        const float l = quad_sum(row_sum[h]);
-        const float inv = l > 0.f ? 1.f / l : 0.f;
+        float inv;
+        const float row_lse = finish_row(row_sum[h], row_max[h], scale_log2, inv);
         const int r = warp_row + g + 8 * h;
 #pragma unroll
         for (int dt = 0; dt < DT; ++dt)
             *reinterpret_cast<unsigned*>(sO + swizzled<HEAD_DIM>(r, dt) + 2 * t) =
                 pack2<T>(o_acc[dt][2 * h] * inv, o_acc[dt][2 * h + 1] * inv);
         if (t == 0 && m0 + r < seq_q)
-            lse_row[m0 + r] = l > 0.f ? (row_max[h] * scale_log2 + log2f(l)) * LN2 : neg_inf();
+            lse_row[m0 + r] = row_lse;
     }
     __syncwarp();
 #pragma unroll

@@ -29,6 +29,22 @@ __device__ __forceinline__ void load_rows_blocked(unsigned dst, const T* src, lo
     }
 }
 
+// S = Q K^T for one warpgroup of a forward kernel: its 64 rows of the BLOCK_M-row Q tile (q_wg: the rows' start
+// inside the first 64-column block) against the BLOCK_N-row K tile at k_st, both blocked with the 128-byte
+// swizzle; S is zeroed first; one wgmma group is committed and not waited for.
+template <typename T, int HEAD_DIM, int BLOCK_M, int BLOCK_N>
+__device__ __forceinline__ void issue_qk(float (&s)[BLOCK_N / 2], unsigned q_wg, unsigned k_st) {
+#pragma unroll
+    for (int i = 0; i < BLOCK_N / 2; ++i) s[i] = 0.f;
+    wgmma::fence_operands(s);
+    wgmma::fence();
+#pragma unroll
+    for (int kk = 0; kk < HEAD_DIM / 16; ++kk)
+        wgmma::mma_ss<T, BLOCK_N>(s, wgmma::desc_k_major(q_wg + (kk >> 2) * (BLOCK_M * 128) + (kk & 3) * 32),
+                                  wgmma::desc_k_major(k_st + (kk >> 2) * (BLOCK_N * 128) + (kk & 3) * 32));
+    wgmma::commit();
+}
+
 // The cp.async ring every Hopper attention kernel walks: a CTA's steps (KV tiles of a query tile in the forward,
 // (q head, query tile) pairs of a KV tile in the backward) in the order first, next(first), ... up to `end`
 // (next skips the steps whose tiles are invisible), STAGES - 1 steps' copies ahead. load(i, stage) issues step

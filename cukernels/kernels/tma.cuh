@@ -80,6 +80,16 @@ __device__ __forceinline__ void load_3d(unsigned dst, const TensorMap& map, unsi
         : "memory");
 }
 
+// The box at (x, y, z, w) of a rank-4 map (e.g. [batch, seq, heads, head_dim] seen as (head_dim, seq, heads,
+// batch)) -> shared memory at dst, as load_2d.
+__device__ __forceinline__ void load_4d(unsigned dst, const TensorMap& map, unsigned bar, int x, int y, int z,
+                                        int w) {
+    asm volatile(
+        "cp.async.bulk.tensor.4d.shared::cluster.global.tile.mbarrier::complete_tx::bytes [%0], [%1, {%3, %4, %5, "
+        "%6}], [%2];" ::"r"(dst), "l"(map_addr(map)), "r"(bar), "r"(x), "r"(y), "r"(z), "r"(w)
+        : "memory");
+}
+
 // The box at (x, y) -> shared memory at dst in every CTA of the cluster named in `mask` (bit r: rank r), at the
 // same offset; each destination CTA's barrier at `bar`'s offset counts the box's bytes.
 __device__ __forceinline__ void load_2d_multicast(unsigned dst, const TensorMap& map, unsigned bar, int x, int y,
@@ -149,6 +159,12 @@ template <int REGS> __device__ __forceinline__ void regs_inc() {
 // Named barrier `id` (1..15; 0 is __syncthreads) over `threads` threads (a multiple of 32).
 __device__ __forceinline__ void bar_sync(int id, int threads) {
     asm volatile("bar.sync %0, %1;\n" ::"r"(id), "r"(threads) : "memory");
+}
+
+// Arrive on named barrier `id` without waiting (the barrier completes when `threads` threads arrived or synced):
+// one warpgroup signals another that waits with bar_sync.
+__device__ __forceinline__ void bar_arrive(int id, int threads) {
+    asm volatile("bar.arrive %0, %1;\n" ::"r"(id), "r"(threads) : "memory");
 }
 
 }  // namespace ws

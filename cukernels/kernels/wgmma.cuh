@@ -44,6 +44,20 @@ __device__ __forceinline__ void commit() { asm volatile("wgmma.commit_group.sync
 template <int N> __device__ __forceinline__ void wait() {
     asm volatile("wgmma.wait_group.sync.aligned %0;\n" ::"n"(N) : "memory");
 }
+// Pins registers that an in-flight wgmma reads or accumulates into: the compiler sees each as read and written
+// here, so no computation on them moves across this point (call it after wait<>() before touching accumulators
+// of a group issued earlier, and before issuing a group on registers just computed).
+template <int N>
+__device__ __forceinline__ void fence_operands(float (&d)[N]) {
+#pragma unroll
+    for (int i = 0; i < N; ++i) asm volatile("" : "+f"(d[i])::"memory");
+}
+template <int N>
+__device__ __forceinline__ void fence_operands(unsigned (&d)[N]) {
+#pragma unroll
+    for (int i = 0; i < N; ++i) asm volatile("" : "+r"(d[i])::"memory");
+}
+
 // shared memory written through the generic proxy (st.shared, cp.async) before wgmma reads it
 __device__ __forceinline__ void fence_proxy_async() { asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory"); }
 

@@ -1,0 +1,274 @@
+// Flash attention forward on Hopper the warp-specialised way (sm_90a only): tensor-memory-accelerator loads from
+// a producer warp into an mbarrier ring of K/V stages, two consumer warpgroups on wgmma, and within each consumer
+// the next tile's Q K^T issued before this tile's P V so the softmax of one runs while the tensor cores work on
+// the other.
+//
+// Layout and arguments: as flash_fwd_wgmma (flash_fwd_sm90.cu), except that q, k and v arrive as tensor maps
+// (cukernels/tma.py): rank 4, (head_dim, seq, heads, batch) innermost first, box 64 x BLOCK_M (q) or 64 x BLOCK_N
+// (k, v) x 1 x 1, 128-byte swizzle, so one copy fills one 64-column block of the blocked layout wgmma reads
+// (wgmma.cuh) and rows past the tensor's end arrive as zeros. A packed batch (MASK_VARLEN) has maps over
+// [total, heads, head_dim] (batch 1) and the kernel adds the sequence's first row to the row coordinate; rows past
+// a sequence's end inside the packed tensor are the next sequence's, masked like any key past seq_kv and never
+// stored as query rows.
+//
+// Grid: (query tiles, heads, batch) as flash_fwd_wgmma, heaviest (last) query tiles first; BLOCK_M = 128.
+// Block: 384 threads = three warpgroups.
+//   warpgroup 0, the producer (setmaxnreg 32): lane 0 of warp 0 loads Q once (q_bar), then per visible KV tile j
+//     waits until K's slot of stage j % STAGES is free (empty_k: both consumers' Q K^T of the tile that held it
+//     are done) and loads K (full_k), then the same for V (empty_v after both consumers' P V; full_v); each
+//     barrier is told the bytes it must see first. K is freed a GEMM earlier than V, so the next K arrives sooner.
+//   warpgroups 1 and 2, the consumers (setmaxnreg 232): consumer c owns query rows [64 c, 64 c + 64). Per tile:
+//       S(j+1) = Q K(j+1)^T      issued (wgmma m64n{BLOCK_N}k16, both operands from shared memory)
+//       O += P(j) V(j)           issued (P from registers, V MN-major in shared memory)
+//       wait for S(j+1), release K(j+1); masks and softmax of S(j+1) (new max, exponentials, row sums) while
+//       P V runs; wait for P V, release V(j); O *= alpha(j+1); P(j+1) = S(j+1) rounded to T.
+//   The accumulator registers of an in-flight group are pinned (wgmma::fence_operands) so the compiler does not
+//   move their updates across the waits.
+// Epilogue: each consumer stages O / l in its own rows of Q's space (the blocked, swizzled layout; its last read
+// of Q is done) and writes whole rows with 16-byte stores; LSE as flash_fwd.
+//
+// Shared memory (1024-byte aligned): Q (BLOCK_M x HEAD_DIM), STAGES x K, STAGES x V (BLOCK_N x HEAD_DIM), then
+// the barriers: q_bar, full_k[STAGES], full_v[STAGES], empty_k[STAGES], empty_v[STAGES].
+#include "sm90_common.cuh"
+#include "tma.cuh"
+
+using namespace attn;
+
+template <typename T, int HEAD_DIM, int BLOCK_N, int STAGES, bool PINGPONG, int MASK>
+__global__ void __launch_bounds__(384, 1)
+flash_fwd_tma(const __grid_constant__ tma::TensorMap q_map, const __grid_constant__ tma::TensorMap k_map,
+              const __grid_constant__ tma::TensorMap v_map, T* __restrict__ o, float* __restrict__ lse,
+              const int* __restrict__ q_ids, const int* __restrict__ kv_ids, const int2* __restrict__ q_tile_ids,
+              const int2* __restrict__ kv_tile_ids, int seq_q, int seq_kv, int heads, int kv_group,
+              int window_left, int window_right, float scale_log2, int batch) {
+    constexpr int BLOCK_M = 128;
+    constexpr int CHUNKS = HEAD_DIM / 8;  // 16-byte chunks per row
+    constexpr int NT = BLOCK_N / 8;       // 8-column tiles of S
+    constexpr int DT = HEAD_DIM / 8;      // 8-column tiles of O
+    constexpr int BLOCKS = HEAD_DIM / 64; // 64-column blocks of a row
+    constexpr bool WINDOW = (MASK & 1) != 0;
+    constexpr bool SEGMENTS = (MASK & 2) != 0;
+    constexpr bool VARLEN = (MASK & MASK_VARLEN) != 0;
+    constexpr int Q_BYTES = BLOCK_M * HEAD_DIM * 2, KV_BYTES = BLOCK_N * HEAD_DIM * 2;
+    static_assert(HEAD_DIM % 64 == 0 && HEAD_DIM <= 256, "head_dim 64, 128 or 256");
+    static_assert(BLOCK_N == 64 || BLOCK_N == 128, "wgmma N of S");
+
+    extern __shared__ __align__(1024) unsigned char smem_raw[];
+    const unsigned raw0 = smem_addr(smem_raw);
+    const unsigned sQ = (raw0 + 1023) & ~1023u;  // smem_bytes() reserves the slack
+    const unsigned sK = sQ + Q_BYTES, sV = sK + STAGES * KV_BYTES;
+    const unsigned q_bar = sV + STAGES * KV_BYTES, full_k = q_bar + 8, full_v = full_k + 8 * STAGES,
+                   empty_k = full_v + 8 * STAGES, empty_v = empty_k + 8 * STAGES;
+
+    const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, wg = warp >> 2;
+    if (tid == 0) {
+        tma::prefetch_map(q_map);
+        tma::prefetch_map(k_map);
+        tma::prefetch_map(v_map);
+        tma::mbar_init(q_bar, 1);
+        for (int s = 0; s < STAGES; ++s) {
+            tma::mbar_init(full_k + 8 * s, 1);
+            tma::mbar_init(full_v + 8 * s, 1);
+            tma::mbar_init(empty_k + 8 * s, 2);
+            tma::mbar_init(empty_v + 8 * s, 2);
+        }
+        tma::fence_mbar_init();
+    }
+    __syncthreads();
+
+    // ---- the query tile, its sequence (packed batches) and the KV tiles it sees: each role works them out after
+    // taking its registers (values live across setmaxnreg.dec would have to fit the producer's few)
+    int m_block = gridDim.x - 1 - blockIdx.x;
+    int b = blockIdx.z;
+    const int head = blockIdx.y;
+    int q_row0 = 0, kv_row0 = 0;  // a packed sequence's first rows in the maps
+    auto enter = [&]() {  // false: a packed batch's grid runs past its last tile (every thread of the CTA alike)
+        if constexpr (VARLEN) {
+            int tile;
+            if (!varlen_tile<BLOCK_M>(q_ids, batch, seq_q, blockIdx.x, b, tile)) return false;
+            const VarlenSeq sq = varlen_seq(q_ids, b, seq_q), sk = varlen_seq(kv_ids, b, seq_kv);
+            lse += (long long)head * seq_q + sq.start;  // the sequence's row of lse [heads, total_q]
+            o += (long long)sq.start * heads * HEAD_DIM;
+            q_row0 = sq.start;
+            kv_row0 = sk.start;
+            seq_q = sq.len;
+            seq_kv = sk.len;
+            m_block = (seq_q + BLOCK_M - 1) / BLOCK_M - 1 - tile;
+            b = 0;
+        } else {
+            lse += ((long long)b * heads + head) * seq_q;
+        }
+        return true;
+    };
+    auto kv_tiles = [&]() {
+        const int m0 = m_block * BLOCK_M;
+        return KvTileRange<BLOCK_N, WINDOW, SEGMENTS>(m0, min(m0 + BLOCK_M, seq_q) - 1, seq_q, seq_kv, window_left,
+                                                      window_right, q_tile_ids, kv_tile_ids, b, m_block, gridDim.x);
+    };
+
+    if (wg == 0) {  // ---------------------------------------------------------------- producer
+        ws::regs_dec<32>();
+        if (warp != 0 || !enter()) return;
+        if (lane == 0) {
+            const int m0 = m_block * BLOCK_M;
+            const auto tiles = kv_tiles();
+            const int kv_head = head / kv_group;
+            tma::mbar_arrive_expect_tx(q_bar, Q_BYTES);
+#pragma unroll
+            for (int c = 0; c < BLOCKS; ++c)
+                tma::load_4d(sQ + c * (BLOCK_M * 128), q_map, q_bar, 64 * c, q_row0 + m0, head, b);
+            int j = 0;
+            for (int nb = tiles.next_visible(tiles.nb_min); nb < tiles.nb_max; nb = tiles.next_visible(nb + 1), ++j) {
+                const int s = j % STAGES;
+                // K, then V: wait until the slot is free, announce the bytes, one copy per 64-column block
+                auto load = [&](unsigned dst, const tma::TensorMap& map, unsigned empty_bars, unsigned full_bars) {
+                    tma::mbar_wait(empty_bars + 8 * s, ((j / STAGES) & 1) ^ 1);
+                    tma::mbar_arrive_expect_tx(full_bars + 8 * s, KV_BYTES);
+#pragma unroll
+                    for (int c = 0; c < BLOCKS; ++c)
+                        tma::load_4d(dst + s * KV_BYTES + c * (BLOCK_N * 128), map, full_bars + 8 * s, 64 * c,
+                                     kv_row0 + nb * BLOCK_N, kv_head, b);
+                };
+                load(sK, k_map, empty_k, full_k);
+                load(sV, v_map, empty_v, full_v);
+            }
+        }
+        return;
+    }
+
+    // -------------------------------------------------------------------- consumers
+    ws::regs_inc<232>();
+    if (!enter()) return;
+    const int m0 = m_block * BLOCK_M;
+    const auto tiles = kv_tiles();
+    const int first = tiles.next_visible(tiles.nb_min);
+    const int cw = wg - 1, tg = tid - 128 * wg;
+    const int g = lane >> 2, t = lane & 3;
+    const int warp_row = cw * 64 + (warp & 3) * 16;  // this warp's 16 rows in the tile
+    const int shift = seq_kv - seq_q;
+
+    float o_acc[DT][4];
+    float(&o_flat)[DT * 4] = reinterpret_cast<float(&)[DT * 4]>(o_acc);  // the wgmma operand view
+    float s[NT][4];
+    float(&s_flat)[NT * 4] = reinterpret_cast<float(&)[NT * 4]>(s);
+    unsigned p[BLOCK_N / 16][4];  // P of the tile whose P V is next, the A fragments of its k-steps
+    float row_max[2], row_sum[2];
+    int qid[2];
+    init_rows<DT, SEGMENTS>(o_acc, row_max, row_sum, qid, m0 + warp_row + g, seq_q, q_ids + (long long)b * seq_q);
+    const unsigned q_wg = sQ + cw * 64 * 128;  // this warpgroup's 64 rows inside each 64-column block of Q
+
+    auto issue_s = [&](int stage) {  // S = Q K^T of the tile in `stage`, one wgmma group (not waited for)
+        issue_qk<T, HEAD_DIM, BLOCK_M, BLOCK_N>(s_flat, q_wg, sK + stage * KV_BYTES);
+    };
+    auto issue_pv = [&](int stage) {  // O += P V of the tile in `stage`, one wgmma group (not waited for)
+        const unsigned v_st = sV + stage * KV_BYTES;
+        wgmma::fence();
+#pragma unroll
+        for (int kj = 0; kj < BLOCK_N / 16; ++kj)
+            wgmma::mma_rs_bt<T, HEAD_DIM>(o_flat, p[kj], wgmma::desc_mn_major(v_st + kj * 16 * 128, BLOCK_N * 128));
+        wgmma::commit();
+    };
+    auto softmax = [&](int nb, float(&alpha)[2]) {  // masks and online softmax of S (tile nb), in place
+        if (tiles.needs_mask(nb)) {
+            mask_scores<NT, WINDOW, SEGMENTS>(s, nb * BLOCK_N, m0 + warp_row + g + shift, seq_kv, window_left,
+                                              window_right, kv_ids + (long long)b * seq_kv, qid, t);
+            softmax_update<NT, true>(s, row_max, row_sum, scale_log2, alpha);
+        } else {
+            softmax_update<NT, false>(s, row_max, row_sum, scale_log2, alpha);
+        }
+    };
+    auto pack_p = [&]() {
+#pragma unroll
+        for (int kj = 0; kj < BLOCK_N / 16; ++kj) pack_a_fragment<T>(s[2 * kj], s[2 * kj + 1], p[kj]);
+    };
+    auto release = [&](unsigned bars, int stage) {  // empty_k or empty_v
+        if (tg == 0) tma::mbar_arrive(bars + 8 * stage);
+    };
+    // pingpong: the consumers take turns issuing their GEMMs (named barrier 3 + c: consumer c's turn), so one's
+    // tensor-core work runs while the other computes its softmax. Consumer 0 goes first; every turn ends by
+    // handing over, except consumer 1's last (the arrivals on each barrier match its waits).
+    auto turn_take = [&]() {
+        if constexpr (PINGPONG) ws::bar_sync(3 + cw, 256);
+    };
+    auto turn_pass = [&]() {
+        if constexpr (PINGPONG) ws::bar_arrive(3 + (cw ^ 1), 256);
+    };
+
+    tma::mbar_wait(q_bar, 0);  // always: the CTA may not exit with Q's copy in flight
+    if (first < tiles.nb_max) {
+        int nb = first, j = 0;
+        if (cw == 1) turn_pass();
+        tma::mbar_wait(full_k, 0);
+        turn_take();
+        issue_s(0);
+        turn_pass();
+        wgmma::wait<0>();
+        wgmma::fence_operands(s_flat);
+        release(empty_k, 0);
+        float alpha[2];
+        softmax(nb, alpha);  // O is still zero: no rescale
+        pack_p();
+        for (int nn = tiles.next_visible(nb + 1); nn < tiles.nb_max; nn = tiles.next_visible(nn + 1)) {
+            const int st = j % STAGES, st_n = (j + 1) % STAGES;
+            tma::mbar_wait(full_k + 8 * st_n, ((j + 1) / STAGES) & 1);
+            tma::mbar_wait(full_v + 8 * st, (j / STAGES) & 1);
+            wgmma::fence_operands(o_flat);
+            turn_take();
+            issue_s(st_n);
+            issue_pv(st);
+            turn_pass();
+            wgmma::wait<1>();  // S of the next tile is done; P V of this one may still run
+            wgmma::fence_operands(s_flat);
+            release(empty_k, st_n);
+            softmax(nn, alpha);
+            wgmma::wait<0>();
+            wgmma::fence_operands(o_flat);
+            wgmma::fence_operands(reinterpret_cast<unsigned(&)[BLOCK_N / 4]>(p));
+            release(empty_v, st);
+            rescale_rows<DT>(o_acc, alpha);
+            pack_p();
+            nb = nn;
+            ++j;
+        }
+        const int st = j % STAGES;
+        tma::mbar_wait(full_v + 8 * st, (j / STAGES) & 1);
+        wgmma::fence_operands(o_flat);
+        turn_take();
+        issue_pv(st);
+        if (cw == 0) turn_pass();
+        wgmma::wait<0>();
+        wgmma::fence_operands(o_flat);
+        release(empty_v, st);
+    }
+
+    // ---- epilogue: O / l staged in this warpgroup's rows of Q's space (blocked, swizzled), then 16-byte stores
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+        float inv;
+        const float row_lse = finish_row(row_sum[h], row_max[h], scale_log2, inv);
+        const int r = warp_row + g + 8 * h;
+#pragma unroll
+        for (int dt = 0; dt < DT; ++dt) {
+            const unsigned addr = sQ + wgmma::blocked_offset<BLOCK_M>(r, dt) + 4 * t;
+            const unsigned v = pack2<T>(o_acc[dt][2 * h] * inv, o_acc[dt][2 * h + 1] * inv);
+            asm volatile("st.shared.b32 [%0], %1;\n" ::"r"(addr), "r"(v));
+        }
+        if (t == 0 && m0 + r < seq_q)
+            lse[m0 + r] = row_lse;
+    }
+    ws::bar_sync(1 + cw, 128);
+#pragma unroll
+    for (int it = 0; it < 64 * CHUNKS / 128; ++it) {
+        const int i = it * 128 + tg;
+        const int r = cw * 64 + i / CHUNKS, ch = i % CHUNKS;
+        const int grow = m0 + r;
+        if (grow < seq_q) {
+            uint4 v;
+            asm volatile("ld.shared.v4.b32 {%0, %1, %2, %3}, [%4];\n"
+                         : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
+                         : "r"(sQ + wgmma::blocked_offset<BLOCK_M>(r, ch)));
+            T* dst = o + (((long long)b * seq_q + grow) * heads + head) * HEAD_DIM + ch * 8;
+            *reinterpret_cast<uint4*>(dst) = v;
+        }
+    }
+}
