@@ -205,10 +205,12 @@ _CANDIDATES = {
 # 256 one warpgroup spills (48-240 B: 128 O accumulators per thread under the same 255-register cap), so small
 # grids there take the mma.sync 64-row tile.
 # Hopper with tensor maps (cuda-bindings): (block_n, stages) of the warp-specialised kernel, first choice on sm_90a.
-# Measured on H100 (docs/perf/attention.md, --sweep): the deepest ring that fits is 6-29 % faster than 2 stages.
+# Measured on H100 (docs/perf/attention.md, --sweep): with K and V freed separately 2-4 stages are within 2 % of each
+# other; 128 keys per stage beat 64 by 10-18 %. The 128-row tile also wins on small grids (64 CTAs at head dim 256:
+# 1.8x the mma.sync 64-row tile; head dim 64 with 256 CTAs: equal to the 64-row wgmma tile), so it stays first.
 _TMA_CANDIDATES = {
-    64: ((128, 4), (128, 3), (128, 2)),
-    128: ((128, 3), (128, 2), (64, 3)),
+    64: ((128, 3), (128, 4), (128, 2)),
+    128: ((128, 2), (128, 3), (64, 3)),
     256: ((64, 2),),
 }
 
@@ -294,7 +296,11 @@ def plan_forward(problem: FwdProblem, spec: DeviceSpec) -> tiling.Plan:
         candidates = [c for c in candidates if getattr(c, "kind", None) != "tma"]
         if spec.arch == "sm_90a":
             reason += f" (no TMA tile: {no_tma})"
-    if ctas_128 < spec.sm_count:
+    tma_first = not no_tma and any(getattr(c, "kind", None) == "tma" and tiling.fits(c, spec) is None
+                                   for c in candidates)
+    if tma_first:
+        reason = "warp-specialised TMA tile (first on sm_90a, any grid); " + reason
+    elif ctas_128 < spec.sm_count:
         candidates = sorted(candidates, key=lambda c: c.block_m != 64)
         reason = f"{ctas_128} CTAs of 128 rows < {spec.sm_count} SMs: 64-row query tiles first; " + reason
     elif problem.mask & MASK_WINDOW and problem.head_dim == 128 and spec.arch != "sm_90a":

@@ -54,8 +54,8 @@ def tma_cases():
         return
     cu = cupy.asarray(np.array([0, 100, 101, 400], dtype=np.int32))
     for d, dt, kw in _ATTENTION_SHAPES:
-        q, k, v, _, seg = _attention_inputs(d, dt, 300, 700)
-        qp, kp = q[0, :400], k[0, :400]
+        q, k, v, _, seg = _attention_inputs(d, dt, 400, 700)
+        qp, kp = q[0], k[0, :400]
         for c in configs.search_space(d):
             if getattr(c, "kind", None) != "tma" or tiling.fits(c, spec) is not None:
                 continue
