@@ -1,8 +1,8 @@
 """Flash attention on tensor cores (CUDA C++ via NVRTC): training forward and backward, and inference over a KV
 cache.
 
-- ``flash_attention`` (api.py; tiles and planner in configs.py; kernels/flash_fwd.cu, and flash_fwd_sm90.cu on
-  Hopper), ``flash_attention_backward`` (backward.py, bwd_configs.py; kernels/flash_bwd.cu, flash_bwd_sm90.cu);
+- ``flash_attention`` (api.py; tiles and planner in configs.py; kernels/flash_fwd.cu, and on Hopper
+  flash_fwd_tma.cu (warp-specialised, TMA; needs cuda-bindings) or flash_fwd_sm90.cu), ``flash_attention_backward`` (backward.py, bwd_configs.py; kernels/flash_bwd.cu, flash_bwd_sm90.cu);
 - ``flash_attention_varlen`` and its backward (varlen.py): packed variable-length batches by cu_seqlens, on the
   same kernels;
 - ``flash_attention_with_kvcache`` (kvcache.py, decode_configs.py; kernels/flash_decode.cu);

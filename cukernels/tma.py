@@ -58,7 +58,7 @@ class TensorMap:
     data are copied as bits) or "float16" / "bfloat16" / "float32". ``index``/``offset``: the call pointer the
     base address comes from (``launch.Launcher`` binds it at each launch), plus a byte offset."""
 
-    __slots__ = ("dims", "strides", "box", "swizzle", "dtype", "index", "offset", "_buf", "address", "_bound",
+    __slots__ = ("dims", "strides", "box", "swizzle", "dtype", "index", "offset", "_buf", "address", "_bound", "_recent",
                  "_args")
 
     def __init__(self, dtype, dims, strides, box, *, swizzle: int = 128, index: int = 0, offset: int = 0):
@@ -68,6 +68,7 @@ class TensorMap:
         self._buf = (ctypes.c_uint8 * (128 + 63))()
         self.address = (ctypes.addressof(self._buf) + 63) & ~63  # what the kernel parameter slot points at
         self._bound = None
+        self._recent = {}  # base address -> encoded bytes, the last RECENT ones (buffers that alternate)
         self._args = None
 
     def _check(self) -> None:
@@ -125,10 +126,17 @@ class TensorMap:
                 d.CUtensorMapL2promotion.CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
                 d.CUtensorMapFloatOOBfill.CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE)
 
+    RECENT = 8
+
     def bind(self, address: int) -> None:
-        """Encode the map for base ``address`` into the parameter buffer (nothing to do if already there)."""
+        """Encode the map for base ``address`` into the parameter buffer (nothing to do if already there; a copy
+        of the bytes when it was one of the last RECENT addresses, as when a caller's buffers alternate)."""
         address = int(address) + self.offset
         if address == self._bound:
+            return
+        if (cached := self._recent.get(address)) is not None:
+            ctypes.memmove(self.address, cached, 128)
+            self._bound = address
             return
         if address % 16:
             raise ValueError(f"a tensor map's base address must be 16-byte aligned, got {address:#x} ({self})")
@@ -141,6 +149,9 @@ class TensorMap:
             raise RuntimeError(f"cuTensorMapEncodeTiled failed with {err!r} for {self} at {address:#x}")
         ctypes.memmove(self.address, m.getPtr(), 128)  # the encoded CUtensorMap struct, as the driver wrote it
         self._bound = address
+        if len(self._recent) >= self.RECENT:
+            self._recent.pop(next(iter(self._recent)))  # the oldest
+        self._recent[address] = ctypes.string_at(self.address, 128)
 
 
 def max_active_clusters(kernel_handle: int, cluster: int, threads: int, smem: int) -> int:

@@ -57,3 +57,31 @@ def test_smoke_kernel_compiles_for_hopper():
                                    ["tma_copy_tiles<64,32>"], "sm_90a")
     r = res["tma_copy_tiles<64,32>"]
     assert r.spills == 0 and r.stack_bytes == 0
+
+
+def test_recent_addresses_are_not_encoded_again(monkeypatch):
+    """Buffers that alternate between calls (double buffering, a training step's fresh allocations landing on a
+    few addresses) reuse the bytes encoded for them; an unseen address is encoded, and the oldest entry goes."""
+    from unittest import mock
+
+    fake = mock.MagicMock()
+    encoded = []
+
+    def encode(dtype, rank, address, *rest):
+        buf = (ctypes.c_uint8 * 128)(*([len(encoded) + 1] * 128))
+        encoded.append((address, buf))
+        out = mock.MagicMock()
+        out.getPtr.return_value = ctypes.addressof(buf)
+        return fake.CUresult.CUDA_SUCCESS, out
+
+    fake.cuTensorMapEncodeTiled.side_effect = encode
+    monkeypatch.setattr(tma, "_driver", lambda: fake)
+    m = tma.TensorMap(2, (64, 64), (128,), (64, 64), swizzle=128)
+    for a in (0x1000, 0x2000, 0x1000, 0x2000, 0x1000):
+        m.bind(a)
+    assert [a for a, _ in encoded] == [0x1000, 0x2000]
+    assert ctypes.string_at(m.address, 128) == bytes([1] * 128)  # 0x1000's bytes back in the slot
+    for i in range(tma.TensorMap.RECENT):
+        m.bind(0x10000 + 0x100 * i)
+    m.bind(0x1000)  # pushed out by RECENT newer addresses: encoded again
+    assert len(encoded) == 2 + tma.TensorMap.RECENT + 1
