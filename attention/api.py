@@ -21,7 +21,7 @@ from cukernels import compile as _compile
 from cukernels import device as _device
 from cukernels import dtypes, launch, tiling
 
-from .configs import HEAD_DIMS, MASK_SEGMENTS, FwdProblem, plan_forward, tma_unusable
+from .configs import HEAD_DIMS, MASK_SEGMENTS, FwdProblem, FwdTmaConfig, plan_forward, tma_unusable
 
 KERNELS = Path(__file__).parent / "kernels"
 KERNEL_SOURCE = KERNELS / "flash_fwd.cu"  # holds tile_id_range, the segment-id pre-pass of every kernel
@@ -345,7 +345,7 @@ class ForwardCall:
             tiling.check_fits(cfg, spec)  # a plan handed in must fit this device like a planned one
             if cfg.head_dim != problem.head_dim:
                 raise ValueError(f"plan is for head_dim {cfg.head_dim}, the inputs have {problem.head_dim}")
-            if getattr(cfg, "kind", None) == "tma" and (why := tma_unusable(problem)):
+            if isinstance(cfg, FwdTmaConfig) and (why := tma_unusable(problem)):
                 raise ValueError(f"plan {cfg} needs tensor maps, which cannot serve these inputs: {why}")
             dtype = dtypes.from_name(problem.dtype)
             kern = _compile.kernel(KERNELS / cfg.source, cfg.name_expression(dtype=dtype, mask=problem.mask))
@@ -364,14 +364,15 @@ class ForwardCall:
             self.ws_bytes = ws.nbytes
             left, right = _window_bounds(problem)
             scale = 1.0 / math.sqrt(D) if softmax_scale is None else float(softmax_scale)
-            strides = [np.int64(s) for x in (q, k, v) for s in batch_strides(x, problem.varlen)]
             P = launch.Ptr
             # q, k, v, o, lse, q_ids, kv_ids, q_ranges, kv_ranges (ids: the cu_seqlens of a packed batch; the
             # last four unused without segments or packing); the TMA kernel takes q, k, v as tensor maps and no
             # strides (the maps hold them)
-            qkv = (P(0), P(1), P(2))
-            if getattr(cfg, "kind", None) == "tma":
+            if isinstance(cfg, FwdTmaConfig):
                 qkv, strides = tensor_maps(q, k, v, problem, cfg), []
+            else:
+                qkv = (P(0), P(1), P(2))
+                strides = [np.int64(s) for x in (q, k, v) for s in batch_strides(x, problem.varlen)]
             self.main = launch.Launcher(
                 kern, grid, (cfg.threads,),
                 (*qkv, P(3), P(4), P(5), P(6), P(7), P(8), *strides,

@@ -128,7 +128,6 @@ class FwdTmaConfig:
     stages: int = 2
     pingpong: bool = True  # the consumers take turns issuing their GEMMs (softmax of one under the other's MMAs)
 
-    kind = "tma"
     source = "flash_fwd_tma.cu"
     needs_arch = "sm_90a"
     block_m = 128
@@ -244,7 +243,7 @@ def plannable(spec: DeviceSpec, head_dim: int) -> list[FwdConfig]:
     if tuned is not None:
         found.append(tuned.config)
     space = search_space(head_dim)
-    no_tma = [c for c in space if getattr(c, "kind", None) != "tma"]  # without cuda-bindings, or a stride 0
+    no_tma = [c for c in space if not isinstance(c, FwdTmaConfig)]  # without cuda-bindings, or a stride 0
     for order in (space, no_tma, sorted(space, key=lambda c: c.block_m != 64)):
         fitting = [c for c in order if tiling.fits(c, spec) is None]
         if fitting and fitting[0] not in found:
@@ -260,6 +259,12 @@ def tma_unusable(problem: FwdProblem) -> str | None:
     if not problem.tma_layout:
         return "a q/k/v stride of 0 along an axis longer than 1 (tensor maps need positive strides)"
     return tma.available()
+
+
+def tma_tiles(spec: DeviceSpec, head_dim: int) -> list[FwdTmaConfig]:
+    """The warp-specialised TMA tiles of ``head_dim`` that fit ``spec`` (none off sm_90a): what tests and the
+    sanitizer force, since the planner takes only the first."""
+    return [c for c in search_space(head_dim) if isinstance(c, FwdTmaConfig) and tiling.fits(c, spec) is None]
 
 
 def _override(problem: FwdProblem, spec: DeviceSpec) -> tiling.Plan | None:
@@ -287,16 +292,16 @@ def plan_forward(problem: FwdProblem, spec: DeviceSpec) -> tiling.Plan:
     tuned = tune.lookup(TUNE_OP, problem, spec, files=tune_files(), types=(FwdConfig, FwdWgmmaConfig, FwdTmaConfig))
     if tuned is None:  # no config tuned on this GPU (--tune): the profile's override or the heuristic
         tuned = _override(problem, spec)
-    if tuned is not None and not (no_tma and getattr(tuned.config, "kind", None) == "tma"):
+    if tuned is not None and not (no_tma and isinstance(tuned.config, FwdTmaConfig)):
         return tuned
     candidates = search_space(problem.head_dim)
     ctas_128 = problem.heads * problem.query_tiles(128)
     reason = f"fastest spill-free tile for head_dim {problem.head_dim} that fits"
     if no_tma:
-        candidates = [c for c in candidates if getattr(c, "kind", None) != "tma"]
+        candidates = [c for c in candidates if not isinstance(c, FwdTmaConfig)]
         if spec.arch == "sm_90a":
             reason += f" (no TMA tile: {no_tma})"
-    tma_first = not no_tma and any(getattr(c, "kind", None) == "tma" and tiling.fits(c, spec) is None
+    tma_first = not no_tma and any(isinstance(c, FwdTmaConfig) and tiling.fits(c, spec) is None
                                    for c in candidates)
     if tma_first:
         reason = "warp-specialised TMA tile (first on sm_90a, any grid); " + reason
@@ -333,4 +338,4 @@ def candidates(problem: FwdProblem, spec: DeviceSpec) -> list:
     chosen = tune.heuristic(plan_forward, problem, spec).config
     no_tma = tma_unusable(problem)
     return [chosen, *(c for c in search_space(problem.head_dim) if c != chosen and tiling.fits(c, spec) is None
-                      and not (no_tma and getattr(c, "kind", None) == "tma"))]
+                      and not (no_tma and isinstance(c, FwdTmaConfig)))]

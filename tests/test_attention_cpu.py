@@ -268,3 +268,20 @@ def test_suites():
     assert suites.get("llama8b").flops() == 4 * 32 * 4096 * 4096 * 128 / 2
     ids = suites.get("swa_seg").segment_ids()
     assert ids.shape == (4, 4096) and ids.dtype == np.int32 and (np.diff(ids, axis=1) >= 0).all()
+
+
+def test_tma_tile_only_where_tensor_maps_can_serve(monkeypatch):
+    """On sm_90a the warp-specialised TMA tile comes first; a stride-0 axis or no cuda-bindings takes the next tile
+    and says why in the plan."""
+    from cukernels import tma
+
+    h100 = next(p for p in PROFILES if p.key == "h100_sxm")
+    base = dict(batch=2, seq_q=4096, seq_kv=4096, heads=16, kv_heads=16, head_dim=128)
+    monkeypatch.setattr(tma, "available", lambda: None)
+    assert isinstance(configs.plan_forward(configs.FwdProblem(**base), h100).config, configs.FwdTmaConfig)
+    plan = configs.plan_forward(configs.FwdProblem(**base, tma_layout=False), h100)
+    assert not isinstance(plan.config, configs.FwdTmaConfig) and "stride of 0" in plan.reason
+    monkeypatch.setattr(tma, "available", lambda: "no cuda-bindings here")
+    plan = configs.plan_forward(configs.FwdProblem(**base), h100)
+    assert not isinstance(plan.config, configs.FwdTmaConfig) and "no cuda-bindings here" in plan.reason
+    assert configs.tma_tiles(h100, 256) and not configs.tma_tiles(next(p for p in PROFILES if p.key == "a100_80gb"), 128)

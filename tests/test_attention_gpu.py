@@ -211,15 +211,14 @@ def test_mma_sync_kernel_everywhere(case):
 # the planner gives small grids the 64-row wgmma tile, so most of these would not reach it otherwise.
 def _tma_plans(dim):
     from attention import configs
-    from cukernels import device, tiling, tma
+    from cukernels import device, tma, tune
 
     spec = device.current()
     if spec.arch != "sm_90a":
         pytest.skip(f"the TMA kernel needs sm_90a, this GPU is {spec.arch}")
     if (why := tma.available()) is not None:
         pytest.skip(why)
-    return [tiling.Plan(config=c, smem_bytes=c.smem_bytes(), limit=spec.smem_per_block_optin, reason="forced tma")
-            for c in configs.search_space(dim) if getattr(c, "kind", None) == "tma" and tiling.fits(c, spec) is None]
+    return [tune.explicit(c, spec) for c in configs.tma_tiles(spec, dim)]
 
 
 @pytest.mark.parametrize("case", CASES, ids=IDS)
@@ -271,7 +270,7 @@ def test_tma_plan_refused_for_a_broadcast_axis():
     q, k, v = _inputs(3, 200, 200, 4, 2, 128, "bf16", seed=9)
     kb, vb = (cupy.broadcast_to(x[:1], x.shape) for x in (k, v))
     problem = configs.FwdProblem(batch=3, seq_q=200, seq_kv=200, heads=4, kv_heads=2, head_dim=128, tma_layout=False)
-    assert getattr(configs.plan_forward(problem, device.current()).config, "kind", None) != "tma"
+    assert not isinstance(configs.plan_forward(problem, device.current()).config, configs.FwdTmaConfig)
     _check(q, kb, vb, "bf16")
     with pytest.raises(ValueError, match="tensor maps"):
         flash_attention(q, kb, vb, plan=plans[0])

@@ -212,7 +212,7 @@ def test_tma_forward(case):
     """The warp-specialised TMA forward (sm_90a with cuda-bindings) forced with each of its tiles: query tiles
     and key tiles that reach into the next packed sequence (masked, never stored)."""
     from attention import configs
-    from cukernels import device, tiling, tma
+    from cukernels import device, tma, tune
 
     spec = device.current()
     if spec.arch != "sm_90a" or tma.available() is not None:
@@ -220,7 +220,5 @@ def test_tma_forward(case):
     lq, lk, heads, kv_heads, dim, dtype, opts = case
     lk = lq if lk is None else lk
     q, k, v, _ = _inputs(lq, lk, heads, kv_heads, dim, dtype, seed=zlib.crc32(IDS[CASES.index(case)].encode()) % 991)
-    for c in configs.search_space(dim):
-        if getattr(c, "kind", None) == "tma" and tiling.fits(c, spec) is None:
-            plan = tiling.Plan(config=c, smem_bytes=c.smem_bytes(), limit=spec.smem_per_block_optin, reason="tma")
-            _check_forward(lq, lk, q, k, v, dtype, plan=plan, **opts)
+    for c in configs.tma_tiles(spec, dim):
+        _check_forward(lq, lk, q, k, v, dtype, plan=tune.explicit(c, spec), **opts)

@@ -47,7 +47,7 @@ def tma_cases():
     """The warp-specialised TMA forward (sm_90a with cuda-bindings), forced with each of its tiles: every mask
     kind, more KV tiles than stages, and a packed batch whose tiles reach into the next sequence."""
     from attention import configs, flash_attention, flash_attention_varlen
-    from cukernels import tiling, tma
+    from cukernels import tma, tune
 
     spec = device.current()
     if spec.arch != "sm_90a" or tma.available() is not None:
@@ -56,10 +56,8 @@ def tma_cases():
     for d, dt, kw in _ATTENTION_SHAPES:
         q, k, v, _, seg = _attention_inputs(d, dt, 400, 700)
         qp, kp = q[0], k[0, :400]
-        for c in configs.search_space(d):
-            if getattr(c, "kind", None) != "tma" or tiling.fits(c, spec) is not None:
-                continue
-            plan = tiling.Plan(config=c, smem_bytes=c.smem_bytes(), limit=spec.smem_per_block_optin, reason="tma")
+        for c in configs.tma_tiles(spec, d):
+            plan = tune.explicit(c, spec)
             flash_attention(q, k, v, segment_ids=seg, plan=plan, **kw)
             flash_attention(q, k, v, plan=plan, **kw)
             flash_attention(q, k, v, plan=plan)
