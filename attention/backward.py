@@ -13,6 +13,7 @@ tensor-core work.
 """
 from __future__ import annotations
 
+import dataclasses
 import math
 from pathlib import Path
 
@@ -23,8 +24,8 @@ from cukernels import device as _device
 from cukernels import dtypes, launch, tiling
 
 from . import api
-from .bwd_configs import BwdConfig, plan_backward
-from .configs import MASK_SEGMENTS, FwdProblem
+from .bwd_configs import BwdConfig, BwdTmaConfig, plan_backward
+from .configs import MASK_SEGMENTS, FwdProblem, tma_unusable
 
 KERNEL_SOURCE = Path(__file__).parent / "kernels" / "flash_bwd.cu"
 _SEQ_PAD = 128  # lse2 / D rows are padded to a multiple of every block_m
@@ -55,6 +56,8 @@ def validate_backward(do, q, k, v, o, lse, *, causal=False, window=None, segment
         api.check_strides(name, shape, strides)
         if dev != qdev:
             raise ValueError(f"{name} is on device {dev}, q on {qdev}")
+        if name == "do" and problem.tma_layout and not api.tma_layout({"do": (shape, strides)}):
+            problem = dataclasses.replace(problem, tma_layout=False)  # dO goes through a tensor map too
     if lse is None or not hasattr(lse, "shape") or not hasattr(lse, "dtype"):
         raise TypeError(f"lse must be a float32 cupy.ndarray or torch CUDA tensor, got {type(lse).__name__}")
     lshape = tuple(int(s) for s in lse.shape)
@@ -90,6 +93,8 @@ class BackwardCall:
             if not isinstance(cfg, BwdConfig) or cfg.head_dim != problem.head_dim:
                 raise ValueError(f"plan must hold a BwdConfig for head_dim {problem.head_dim}, got {cfg}")
             tiling.check_fits(cfg, spec)
+            if isinstance(cfg, BwdTmaConfig) and (why := tma_unusable(problem)):
+                raise ValueError(f"plan {cfg} needs tensor maps, which cannot serve these inputs: {why}")
             dtype = dtypes.from_name(problem.dtype)
             ct, mask = dtypes.ctype(dtype), problem.mask
             B, Sq, H, D = problem.batch, problem.seq_q, problem.heads, problem.head_dim
@@ -132,11 +137,15 @@ class BackwardCall:
                     np.float32(scale * math.log2(math.e)), np.float32(scale), np.int32(B))
             dkdv = _compile.kernel(KERNEL_SOURCE.parent / cfg.source,
                                    cfg.name_expression(dtype=dtype, mask=mask, dq=not deterministic))
+            if isinstance(cfg, BwdTmaConfig):  # q, k, v, dO and the dQ accumulator as tensor maps, no strides
+                maps = _tensor_maps(problem, cfg, [st[n] for n in ("q", "k", "v", "do")], deterministic)
+                args = (*maps, P(9), P(10), P(7), P(8), P(12), P(13), P(14), P(15), *tail[12:],
+                        np.int32(head_chunk(problem, cfg, spec.sm_count)))
+            else:
+                args = (P(1), P(2), P(3), P(0), P(9), P(10), P(11), P(7), P(8), P(12), P(13), P(14), P(15), *tail)
             self.steps.append(launch.Launcher(
                 dkdv, (problem.kv_tiles(cfg.block_n), KVH, 1) if varlen else (-(-Skv // cfg.block_n), KVH, B),
-                (32 * cfg.warps,),
-                (P(1), P(2), P(3), P(0), P(9), P(10), P(11), P(7), P(8), P(12), P(13), P(14), P(15), *tail),
-                smem=cfg.dkdv_smem_bytes()))
+                (32 * cfg.warps,), args, smem=cfg.dkdv_smem_bytes()))
             if deterministic:
                 dqk = _compile.kernel(KERNEL_SOURCE, cfg.name_expression(dtype=dtype, mask=mask, kernel="dq"))
                 self.steps.append(launch.Launcher(
@@ -180,6 +189,38 @@ class BackwardCall:
         for step in self.steps:
             step.launch(stream, args)
         return dq, dk, dv
+
+
+def head_chunk(problem: FwdProblem, cfg: BwdConfig, sm_count: int) -> int:
+    """The kv heads whose CTAs ``flash_bwd_tma`` runs together (kv_block_coords in kernels/bwd_common.cuh): about
+    one wave of CTAs (sm_count // KV tiles per head, at least 1), heaviest KV tiles first within it. Measured on
+    an H100 (docs/perf/attention.md, backward v3): all heads at once made seed004_b 0.61x cuDNN (the dQ rows and
+    the Q/dO tiles of 32 heads at once do not stay in L2) and llama8b_long 0.86x; one wave's worth 0.94x and
+    0.98x; chunks of 1-2 heads slowed the small causal grids (llama8b 0.79x) where heaviest-first matters."""
+    tiles = problem.kv_tiles(cfg.block_n) if problem.varlen else -(-problem.seq_kv // cfg.block_n)
+    return max(1, min(problem.kv_heads, sm_count // max(tiles, 1)))
+
+
+def _tensor_maps(problem: FwdProblem, cfg: BwdTmaConfig, strides, deterministic: bool) -> list:
+    """The maps of ``flash_bwd_tma`` (kernels/flash_bwd_tma.cu): q, k, v, dO as rank-4 (head_dim, seq, heads, batch)
+    maps with boxes of 64 columns x the tile's rows (128-byte swizzle), bound to call pointers 1, 2, 3, 0; the fp32
+    dQ accumulator (pointer 11, [batch, seq_q, heads, head_dim]) with boxes of 32 columns x 64 rows. A packed
+    batch's maps are batch 1 over the packed rows. Deterministic mode has no accumulator: k's map fills the slot
+    (that kernel instance never reads it). ``strides``: (batch, seq, head) element strides of q, k, v, dO."""
+    from cukernels import tma
+
+    B, D, H = 1 if problem.varlen else problem.batch, problem.head_dim, problem.heads
+    maps = []
+    for index, (sb, ss, sh), rows, heads, box in zip(
+            (1, 2, 3, 0), strides, (problem.seq_q, problem.seq_kv, problem.seq_kv, problem.seq_q),
+            (H, problem.kv_heads, problem.kv_heads, H), (cfg.block_m, cfg.block_n, cfg.block_n, cfg.block_m)):
+        # an axis of length 1 is never stepped along: any valid stride describes it
+        st = tuple(2 * int(x) if x > 0 else 2 * D for x in (ss, sh, sb))
+        maps.append(tma.TensorMap(2, (D, rows, heads, B), st, (64, box, 1, 1), swizzle=128, index=index))
+    if deterministic:
+        return [*maps, maps[1]]
+    acc = (4 * H * D, 4 * D, 4 * problem.seq_q * H * D)
+    return [*maps, tma.TensorMap("float32", (D, problem.seq_q, H, B), acc, (32, 64, 1, 1), swizzle=128, index=11)]
 
 
 def _contiguous(x) -> bool:

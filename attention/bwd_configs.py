@@ -24,7 +24,8 @@ from pathlib import Path
 from cukernels import dtypes, tiling, tune
 from cukernels.device import DeviceSpec
 
-from .configs import HEAD_DIMS, MASK_KINDS, MASK_VARLEN, MASK_WINDOW, MIN_COMPUTE_CAPABILITY, FwdProblem
+from .configs import (HEAD_DIMS, MASK_KINDS, MASK_VARLEN, MASK_WINDOW, MIN_COMPUTE_CAPABILITY, FwdProblem,
+                      tma_unusable)
 
 OP = "attention.bwd"
 
@@ -55,8 +56,12 @@ class BwdConfig:
         rq = min(self.block_m // 16, self.warps)
         if self.warps % rq or (self.block_m // 16) % rq or (self.head_dim // (self.warps // rq)) % 32:
             raise ValueError(f"{self}: dQ warp grid does not divide the tile")
-        if self.stages not in (1, 2):
-            raise ValueError(f"stages must be 1 or 2, got {self.stages}")
+        self._check_stages_and_dq((1, 2))
+
+    def _check_stages_and_dq(self, stages: tuple[int, ...]) -> None:
+        """The ring depth (``stages`` allowed) and the deterministic dQ kernel's tiles, checked by every config."""
+        if self.stages not in stages:
+            raise ValueError(f"stages must be one of {stages}, got {self.stages}")
         if self.dq_block_m not in (16, 32, 64, 128) or self.dq_block_n < 16 or self.dq_block_n % 16:
             raise ValueError(f"dq_block_m must be 16..128 (16 per warp) and dq_block_n a multiple of 16, got "
                              f"{self.dq_block_m}, {self.dq_block_n}")
@@ -147,11 +152,7 @@ class BwdWgmmaConfig(BwdConfig):
         if not self.pair and (self.warpgroups % (self.block_m // 64) or dq_n not in (64, 128)):
             raise ValueError(f"{self}: the dQ tile ({self.block_m} x {self.head_dim}) does not split into one "
                              f"64 x 64/128 slice per warpgroup")
-        if self.stages not in (2, 3):
-            raise ValueError(f"stages must be 2 or 3, got {self.stages}")
-        if self.dq_block_m not in (16, 32, 64, 128) or self.dq_block_n < 16 or self.dq_block_n % 16:
-            raise ValueError(f"dq_block_m must be 16..128 (16 per warp) and dq_block_n a multiple of 16, got "
-                             f"{self.dq_block_m}, {self.dq_block_n}")
+        self._check_stages_and_dq((2, 3))
 
     def dkdv_smem_bytes(self) -> int:
         d, m, n, s = self.head_dim, self.block_m, self.block_n, self.stages
@@ -175,6 +176,46 @@ class BwdWgmmaConfig(BwdConfig):
                 f"s{self.stages} | dq m{self.dq_block_m} n{self.dq_block_n})")
 
 
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class BwdTmaConfig(BwdConfig):
+    """The warp-specialised Hopper dK/dV kernel (kernels/flash_bwd_tma.cu, ``flash_bwd_tma``, sm_90a only, head
+    dims 64 and 128): a producer warp loads K and V once and Q, dO, lse2, D per step by TMA into a ``stages``-deep
+    mbarrier ring; two consumer warpgroups of 64 KV rows each (``block_n`` = 128) run the products of
+    ``BwdWgmmaConfig``'s kernel, and dQ goes through shared memory into the fp32 accumulator by TMA reductions.
+    Needs cuda-bindings and q/k/v/dO strides a tensor map can describe (``FwdProblem.tma_layout``).
+    Deterministic mode pairs its instance without dQ with flash_bwd.cu's dQ kernel."""
+
+    block_n: int = dataclasses.field(init=False, default=128)
+    warps: int = dataclasses.field(init=False, default=12)  # a producer and two consumer warpgroups
+
+    source = "flash_bwd_tma.cu"
+    needs_arch = "sm_90a"
+
+    def __post_init__(self):
+        if self.head_dim not in (64, 128):
+            raise ValueError(f"the TMA backward serves head dims 64 and 128, got {self.head_dim}")
+        if self.block_m not in (64, 128) or (self.head_dim == 128 and self.block_m != 64):
+            raise ValueError(f"block_m must be 64 or 128 (64 at head dim 128: registers), got {self.block_m}")
+        self._check_stages_and_dq((2, 3))
+
+    def dkdv_smem_bytes(self) -> int:
+        d, m, n, s = self.head_dim, self.block_m, self.block_n, self.stages
+        # K, V, the Q/dO ring, two dS^T tiles, the fp32 dQ staging boxes, lse2/D, the barriers, 1 KiB alignment
+        return 2 * (2 * n * d + 2 * s * m * d + 2 * n * m) + 4 * m * d + 2 * 4 * s * m + 8 * (1 + 2 * s) + 1024
+
+    def name_expression(self, *, dtype, mask: int = 0, kernel: str = "dkdv", dq: bool = True) -> str:
+        if kernel != "dkdv":
+            return super().name_expression(dtype=dtype, mask=mask, kernel=kernel, dq=dq)
+        if mask not in MASK_KINDS:
+            raise ValueError(f"mask must be one of {MASK_KINDS}, got {mask}")
+        return (f"flash_bwd_tma<{dtypes.ctype(dtype)},{self.head_dim},{self.block_m},{self.stages},{mask},"
+                f"{'true' if dq else 'false'}>")
+
+    def __str__(self) -> str:
+        return (f"BwdTmaConfig(d{self.head_dim} m{self.block_m} n128 s{self.stages} | dq m{self.dq_block_m} "
+                f"n{self.dq_block_n})")
+
+
 # (block_m, block_n, warps, stages, dq_block_m, dq_block_n), preference order per head dim. Registers bound
 # these tiles (dK and dV accumulators stay in registers for the whole CTA): with one 8-warp CTA per SM, ptxas
 # spills at head_dim 128 with 128-row KV tiles, so 64 x 64 it is (the kernel also limits unrolling of the
@@ -196,11 +237,21 @@ _WGMMA_CANDIDATES = {
 }
 
 
+# Hopper with tensor maps: (block_m, stages, dq_block_m, dq_block_n) of the warp-specialised TMA kernel, first.
+_TMA_CANDIDATES = {
+    64: ((128, 2, 64, 64), (64, 2, 64, 64), (64, 3, 64, 64)),
+    128: ((64, 2, 64, 64), (64, 3, 64, 64)),
+    256: (),
+}
+
+
 def search_space(head_dim: int) -> list[BwdConfig]:
     """Every config the planner may consider for ``head_dim``, in preference order: the wgmma tiles (sm_90a
     alone, ``needs_arch``), then the mma.sync tiles that run on every sm_80+ GPU."""
-    return ([BwdWgmmaConfig(head_dim=head_dim, block_m=m, warpgroups=w, stages=s, dq_block_m=qm, dq_block_n=qn)
-             for m, w, s, qm, qn in _WGMMA_CANDIDATES[head_dim]]
+    return ([BwdTmaConfig(head_dim=head_dim, block_m=m, stages=s, dq_block_m=qm, dq_block_n=qn)
+             for m, s, qm, qn in _TMA_CANDIDATES[head_dim]]
+            + [BwdWgmmaConfig(head_dim=head_dim, block_m=m, warpgroups=w, stages=s, dq_block_m=qm, dq_block_n=qn)
+               for m, w, s, qm, qn in _WGMMA_CANDIDATES[head_dim]]
             + [BwdConfig(head_dim=head_dim, block_m=m, block_n=n, warps=w, stages=s, dq_block_m=qm, dq_block_n=qn)
                for m, n, w, s, qm, qn in _CANDIDATES[head_dim]])
 
@@ -216,18 +267,24 @@ def plan_backward(problem: FwdProblem, spec: DeviceSpec, *, deterministic: bool 
                                f"m16n8k16); {spec.name} is {cc}")
     if problem.head_dim not in HEAD_DIMS:
         raise tiling.PlanError(f"head_dim must be one of {HEAD_DIMS}, got {problem.head_dim}")
+    no_tma = tma_unusable(problem)
     tuned = None if deterministic else tune.lookup(OP, problem, spec, files=tune_files(),
-                                                   types=(BwdConfig, BwdWgmmaConfig))
-    if tuned is not None:  # tuned on this GPU (--tune --backward)
+                                                   types=(BwdConfig, BwdWgmmaConfig, BwdTmaConfig))
+    if tuned is not None and not (no_tma and isinstance(tuned.config, BwdTmaConfig)):  # tuned here (--tune)
         return tuned
     raw = spec.overrides.get(OP, {}).get(f"head_dim_{problem.head_dim}")
     if raw is not None:
         narrowed = dataclasses.replace(spec, overrides={OP: raw})
         return tiling.override(narrowed, OP, lambda d: BwdConfig(head_dim=problem.head_dim, **d))
     kv_ctas = problem.kv_heads * problem.kv_tiles(128)
-    return tiling.choose(search_space(problem.head_dim), spec,
-                         reason=f"largest spill-free backward tiles for head_dim {problem.head_dim} that fit "
-                                f"({kv_ctas} dK/dV CTAs at 128 kv rows)")
+    reason = (f"largest spill-free backward tiles for head_dim {problem.head_dim} that fit ({kv_ctas} dK/dV CTAs at "
+              f"128 kv rows)")
+    space = search_space(problem.head_dim)
+    if no_tma:
+        space = [c for c in space if not isinstance(c, BwdTmaConfig)]
+        if spec.arch == "sm_90a" and problem.head_dim != 256:
+            reason += f" (no TMA tile: {no_tma})"
+    return tiling.choose(space, spec, reason=reason)
 
 
 # ---------------------------------------------------------------- tuning (cukernels/tune.py)
@@ -249,4 +306,6 @@ def candidates(problem: FwdProblem, spec: DeviceSpec) -> list[BwdConfig]:
     heuristic choice first (the profile's override where there is one), then every other tile of the search space
     that fits the device, in preference order."""
     chosen = tune.heuristic(plan_backward, problem, spec).config
-    return [chosen, *(c for c in search_space(problem.head_dim) if c != chosen and tiling.fits(c, spec) is None)]
+    no_tma = tma_unusable(problem)
+    return [chosen, *(c for c in search_space(problem.head_dim) if c != chosen and tiling.fits(c, spec) is None
+                      and not (no_tma and isinstance(c, BwdTmaConfig)))]

@@ -167,7 +167,8 @@ class FwdProblem:
     window: tuple[int, int] | None = None
     segments: bool = False
     varlen: bool = False  # packed: batch = sequences, seq_q / seq_kv = the packed totals (attention/varlen.py)
-    tma_layout: bool = True  # q/k/v strides a tensor map can describe (no stride 0 along an axis longer than 1)
+    tma_layout: bool = True  # q/k/v (and a backward's dO) strides a tensor map can describe (no stride 0 along an
+    # axis longer than 1)
 
     @property
     def mask(self) -> int:
@@ -257,7 +258,7 @@ def tma_unusable(problem: FwdProblem) -> str | None:
     from cukernels import tma
 
     if not problem.tma_layout:
-        return "a q/k/v stride of 0 along an axis longer than 1 (tensor maps need positive strides)"
+        return "a q/k/v (or dO) stride of 0 along an axis longer than 1 (tensor maps need positive strides)"
     return tma.available()
 
 

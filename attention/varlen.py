@@ -180,7 +180,7 @@ def flash_attention_varlen_backward(do, q, k, v, o, lse, cu_seqlens_q, cu_seqlen
     if call is None:
         problem = validate_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, causal=causal,
                                   window=window, softmax_scale=softmax_scale)
-        backward.validate_backward(do, q, k, v, o, lse, deterministic=deterministic, problem=problem)
+        problem = backward.validate_backward(do, q, k, v, o, lse, deterministic=deterministic, problem=problem)
         call = _Call(backward.BackwardCall(do, q, k, v, o, lse, problem, None, softmax_scale, None, deterministic),
                      (problem.seq_q, problem.seq_kv), (int(max_seqlen_q), int(max_seqlen_k)))
         if key is not None:

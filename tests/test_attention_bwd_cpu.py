@@ -265,3 +265,56 @@ def test_reference_forward_matches_forward_engineers_reference():
     ro, rlse = attention_reference(q, k, v, causal=True, window=(3, 0), return_lse=True)
     np.testing.assert_allclose(o, ro, rtol=1e-5, atol=1e-6)
     np.testing.assert_allclose(lse, rlse, rtol=1e-5, atol=1e-6)
+
+
+# ---------------------------------------------------------------- the warp-specialised TMA backward (sm_90a)
+
+
+def test_tma_backward_only_where_tensor_maps_can_serve(monkeypatch):
+    """On sm_90a the TMA dK/dV kernel comes first at head dims 64 and 128; a stride-0 axis (a broadcast dO) or no
+    cuda-bindings takes the cp.async wgmma kernel and says why; head dim 256 and other GPUs never get it."""
+    from attention.bwd_configs import BwdTmaConfig, BwdWgmmaConfig
+    from cukernels import tma
+
+    h100, a100 = device.profile("h100_sxm"), device.profile("a100_80gb")
+    base = dict(batch=2, seq_q=4096, seq_kv=4096, heads=16, kv_heads=8, causal=True)
+    monkeypatch.setattr(tma, "available", lambda: None)
+    for d in (64, 128):
+        assert isinstance(plan_backward(FwdProblem(**base, head_dim=d), h100).config, BwdTmaConfig)
+        plan = plan_backward(FwdProblem(**base, head_dim=d, tma_layout=False), h100)
+        assert isinstance(plan.config, BwdWgmmaConfig) and "stride of 0" in plan.reason
+        assert not isinstance(plan_backward(FwdProblem(**base, head_dim=d), a100).config, BwdTmaConfig)
+    assert not isinstance(plan_backward(FwdProblem(**base, head_dim=256), h100).config, BwdTmaConfig)
+    monkeypatch.setattr(tma, "available", lambda: "no cuda-bindings here")
+    plan = plan_backward(FwdProblem(**base, head_dim=128), h100)
+    assert not isinstance(plan.config, BwdTmaConfig) and "no cuda-bindings here" in plan.reason
+
+
+def test_every_tma_backward_tile_fits_hopper():
+    """The TMA tiles of the search space (shared memory from dkdv_smem_bytes, as the kernel lays it out) fit H100
+    and H200; a bad tile is refused by name."""
+    from attention.bwd_configs import BwdTmaConfig
+
+    for key in ("h100_sxm", "h200"):
+        spec = device.profile(key)
+        for d in (64, 128):
+            tiles = [c for c in search_space(d) if isinstance(c, BwdTmaConfig)]
+            assert tiles and all(tiling.fits(c, spec) is None for c in tiles), [str(c) for c in tiles]
+    with pytest.raises(ValueError, match="head dims 64 and 128"):
+        BwdTmaConfig(head_dim=256, block_m=64)
+    with pytest.raises(ValueError, match="block_m"):
+        BwdTmaConfig(head_dim=128, block_m=128)
+
+
+def test_head_chunk_is_about_one_wave():
+    """backward.head_chunk: kv heads per chunk of the TMA kernel's CTA order = SMs // KV tiles, within
+    [1, kv_heads] (docs/perf/attention.md, backward v3)."""
+    from attention.backward import head_chunk
+    from attention.bwd_configs import BwdTmaConfig
+
+    cfg = BwdTmaConfig(head_dim=128, block_m=64)
+    p = lambda s, kvh: FwdProblem(batch=1, seq_q=s, seq_kv=s, heads=4 * kvh, kv_heads=kvh, head_dim=128)  # noqa: E731
+    assert head_chunk(p(4096, 8), cfg, 132) == 4      # 32 KV tiles per head
+    assert head_chunk(p(8192, 8), cfg, 132) == 2      # 64
+    assert head_chunk(p(65536, 8), cfg, 132) == 1     # 512: never 0
+    assert head_chunk(p(1024, 2), cfg, 132) == 2      # 8 tiles: all (2) heads

@@ -125,21 +125,76 @@ SEGMENT_CASES = [
 ]
 
 
-# On Hopper the planner picks the wgmma dK/dV kernel at head dims 64 and 128; these cases force the mma.sync
-# kernel that every other sm_80+ GPU runs, so both are validated on the one GPU we have.
+# On Hopper the planner picks the warp-specialised TMA kernel at head dims 64 and 128 (with cuda-bindings); these
+# cases force the mma.sync kernel that every other sm_80+ GPU runs and the cp.async wgmma kernel the TMA one falls
+# back to (no cuda-bindings, a stride 0), so all three are validated on the one GPU we have ...
 MMA_SYNC_CASES = [CASES[i] for i in (0, 1, 2, 3, 4, 5, 7, 12, 14, 18, 19, 21, 23)]
+WGMMA_CASES = [CASES[i] for i in (0, 1, 2, 3, 12, 15, 18, 19, 23)]
+FORCED = [("mma_sync", c) for c in MMA_SYNC_CASES] + [("wgmma", c) for c in WGMMA_CASES]
 
 
-@pytest.mark.parametrize("case", MMA_SYNC_CASES, ids=[IDS[CASES.index(c)] for c in MMA_SYNC_CASES])
-def test_mma_sync_kernel_against_reference(case):
-    from attention.bwd_configs import BwdConfig, search_space
+@pytest.mark.parametrize("kind,case", FORCED, ids=[f"{k}-{IDS[CASES.index(c)]}" for k, c in FORCED])
+def test_forced_kernel_against_reference(kind, case):
+    from attention.bwd_configs import BwdConfig, BwdWgmmaConfig, search_space
 
     batch, seq_q, seq_kv, heads, kv_heads, dim, dtype, opts = case
-    cfg = next(c for c in search_space(dim) if type(c) is BwdConfig)
-    plan = tiling.Plan(config=cfg, smem_bytes=cfg.smem_bytes(), limit=232_448, reason="test: mma.sync kernel")
-    seed = zlib.crc32(IDS[CASES.index(case)].encode()) % 1000 + 1
+    cls = BwdConfig if kind == "mma_sync" else BwdWgmmaConfig
+    cfg = next(c for c in search_space(dim) if type(c) is cls)
+    plan = tiling.Plan(config=cfg, smem_bytes=cfg.smem_bytes(), limit=232_448, reason=f"test: {kind} kernel")
+    seed = zlib.crc32(IDS[CASES.index(case)].encode()) % 1000 + (1 if kind == "mma_sync" else 2)
     q, k, v, do = _inputs(batch, seq_q, seq_kv, heads, kv_heads, dim, dtype, seed)
     _check(q, k, v, do, dtype, plan=plan, **opts)
+
+
+# ... and every TMA tile the planner can choose (not only its first), with and without masks and GQA.
+TMA_CASES = [CASES[i] for i in (0, 1, 3, 7, 12, 14, 18, 23, 25)]
+
+
+def _tma_plans(dim):
+    from attention.bwd_configs import BwdTmaConfig, search_space
+    from cukernels import device, tune
+
+    spec = device.current()
+    return [tune.explicit(c, spec) for c in search_space(dim)
+            if isinstance(c, BwdTmaConfig) and tiling.fits(c, spec) is None]
+
+
+@pytest.mark.parametrize("case", TMA_CASES, ids=[IDS[CASES.index(c)] for c in TMA_CASES])
+def test_tma_kernel_every_tile(case):
+    from cukernels import tma
+
+    if tma.available():
+        pytest.skip(tma.available())
+    batch, seq_q, seq_kv, heads, kv_heads, dim, dtype, opts = case
+    seed = zlib.crc32(IDS[CASES.index(case)].encode()) % 1000 + 3
+    q, k, v, do = _inputs(batch, seq_q, seq_kv, heads, kv_heads, dim, dtype, seed)
+    for plan in _tma_plans(dim):
+        print(plan.config)
+        _check(q, k, v, do, dtype, plan=plan, **opts)
+
+
+def test_tma_broadcast_grad_falls_back_and_forced_plan_is_refused():
+    """A dO with a stride 0 (the gradient of a sum, expanded) cannot be a tensor map: the planner takes the
+    cp.async kernel and says why; a TMA plan handed in raises before any launch."""
+    import cupy
+
+    from attention import flash_attention_backward
+    from attention.backward import validate_backward
+    from attention.bwd_configs import BwdTmaConfig, plan_backward
+    from cukernels import device as _device
+
+    q, k, v, _ = _inputs(1, 300, 300, 4, 2, 128, "bf16", seed=5)
+    do = cupy.broadcast_to(dtypes.random((1, 1, 4, 128), dtypes.BF16, seed=6), q.shape)
+    o, lse = _o_lse(q, k, v, "bf16", causal=True)
+    problem = validate_backward(do, q, k, v, o, lse, causal=True)
+    assert not problem.tma_layout
+    plan = plan_backward(problem, _device.current())
+    assert not isinstance(plan.config, BwdTmaConfig)
+    if _device.current().arch == "sm_90a":
+        assert "stride of 0" in plan.reason
+    _check(q, k, v, do, "bf16", causal=True)
+    with pytest.raises(ValueError, match="tensor maps"):
+        flash_attention_backward(do, q, k, v, o, lse, causal=True, plan=_tma_plans(128)[0])
 
 
 @pytest.mark.parametrize("deterministic", [False, True], ids=["atomic", "deterministic"])

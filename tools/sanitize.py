@@ -75,6 +75,32 @@ def backward_cases():
                 flash_attention_backward(do, q, k, v, o, lse, segment_ids=seg, deterministic=det, **kw)
 
 
+def tma_backward_cases():
+    """The warp-specialised TMA backward (sm_90a with cuda-bindings), forced with each of its tiles: every mask
+    kind, more query tiles than ring stages, both dQ modes, and a packed batch whose query tiles reach into the
+    next sequence."""
+    from attention import bwd_configs, flash_attention, flash_attention_backward
+    from attention.varlen import flash_attention_varlen, flash_attention_varlen_backward
+    from cukernels import tma, tune
+
+    spec = device.current()
+    if spec.arch != "sm_90a" or tma.available() is not None:
+        return
+    cu = cupy.asarray(np.array([0, 100, 101, 400], dtype=np.int32))
+    for d, dt, kw in _ATTENTION_SHAPES[:2]:
+        q, k, v, do, ids = _attention_inputs(d, dt, 400, 450)
+        tiles = [c for c in bwd_configs.search_space(d) if isinstance(c, bwd_configs.BwdTmaConfig)]
+        for c in tiles:
+            plan = tune.explicit(c, spec)
+            for seg in (None, ids):
+                o, lse = flash_attention(q, k, v, segment_ids=seg, return_lse=True, **kw)
+                for det in (False, True):
+                    flash_attention_backward(do, q, k, v, o, lse, segment_ids=seg, deterministic=det, plan=plan, **kw)
+        qp, kp, dop = q[0], k[0, :400], do[0]
+        o, lse = flash_attention_varlen(qp, kp, kp, cu, cu, 299, 299, return_lse=True, **kw)
+        flash_attention_varlen_backward(dop, qp, kp, kp, o, lse, cu, cu, 299, 299, **kw)
+
+
 def gemm_cases():
     from cukernels import device
     from moe import gemm_configs, grouped_gemm
@@ -132,7 +158,8 @@ def decode_cases():
 
 
 def main(names) -> int:
-    cases = {"attention": attention_cases, "tma": tma_cases, "backward": backward_cases, "decode": decode_cases,
+    cases = {"attention": attention_cases, "tma": tma_cases, "backward": backward_cases,
+             "tma-backward": tma_backward_cases, "decode": decode_cases,
              "gemm": gemm_cases, "moe": moe_cases,
              "copy": lambda: bandwidth.measure_copy(1 << 20, budget_ms=1)}
     unknown = [n for n in names if n not in cases]

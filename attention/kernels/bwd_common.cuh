@@ -67,6 +67,18 @@ __device__ __forceinline__ void kv_block_coords(int& nb, int& kvh) {
     kvh = lin % gridDim.y;
 }
 
+// The same order within chunks of `chunk` kv heads (the last chunk may be smaller): all KV tiles of the chunk's
+// heads, heaviest first, before the next chunk's. chunk = kv_heads is the order above; smaller chunks keep the
+// heads that run at once (and the dQ rows they add into) fewer, so they stay in L2.
+__device__ __forceinline__ void kv_block_coords(int& nb, int& kvh, int chunk) {
+    const int lin = blockIdx.y * gridDim.x + blockIdx.x;
+    const int first = lin / (chunk * gridDim.x) * chunk;  // the chunk's first kv head
+    const int heads = min(chunk, (int)gridDim.y - first);
+    const int r = lin - first * gridDim.x;
+    nb = r / heads;
+    kvh = first + r % heads;
+}
+
 // MASK_VARLEN: the lse2 / D rows of sequence b start at align4(cu[b]) + b * VARLEN_PAD (16-byte aligned for the
 // cp.async loads of 4 floats), each sequence followed by padding rows (D = 0, lse2 = +inf) up to the next one's
 // start, at least VARLEN_PAD - 3 of them, so a query tile's loads (block_m <= 128 rows) never reach the next
@@ -115,7 +127,13 @@ struct QTileRange {
     }
 
     __device__ __forceinline__ int head_in_group(int it) const { return it / n_m; }
-    __device__ __forceinline__ int m_block(int it) const { return mb_min + it % n_m; }
+    // rot: the query tile a CTA starts at (then wrapping around), so CTAs of one head that run at once add into
+    // different dQ rows (the TMA kernel sets it; 0 keeps the plain order)
+    int rot = 0;
+    __device__ __forceinline__ int m_block(int it) const {
+        const int i = it % n_m + rot;
+        return mb_min + (i < n_m ? i : i - n_m);
+    }
 
     __device__ __forceinline__ int next_visible(int it) const {
         if constexpr (SEGMENTS) {

@@ -22,8 +22,7 @@
 //       slice of dQ_tile = dS K (wgmma with both operands MN-major: A = dS^T [kv][query], B = K [kv][head_dim])
 //       and adds it into the fp32 accumulator with vector reductions (red.global.add.v2.f32).
 // dK (times the softmax scale) and dV, summed over the GQA group already, are written once at the end.
-#include "bwd_common.cuh"
-#include "sm90_common.cuh"
+#include "bwd_sm90.cuh"
 
 using namespace attn;
 
@@ -57,25 +56,6 @@ struct QStepLoader {
         }
     }
 };
-
-// dV and dK * scale (accumulators of NT 8-column tiles, rows kv_row and kv_row + 8, columns 8 j + 2 t (+1)
-// from the given row pointers) rounded to T; rows past seq_kv are not written.
-template <typename T, int NT>
-__device__ __forceinline__ void store_dkdv(const float (&dv_acc)[NT * 4], const float (&dk_acc)[NT * 4], T* dv_row,
-                                           T* dk_row, long long step8, int kv_row, int seq_kv, float scale) {
-#pragma unroll
-    for (int j = 0; j < NT; ++j) {
-#pragma unroll
-        for (int h = 0; h < 2; ++h) {
-            if (kv_row + 8 * h < seq_kv) {
-                *reinterpret_cast<unsigned*>(dv_row + h * step8 + 8 * j) =
-                    pack2<T>(dv_acc[4 * j + 2 * h], dv_acc[4 * j + 2 * h + 1]);
-                *reinterpret_cast<unsigned*>(dk_row + h * step8 + 8 * j) =
-                    pack2<T>(dk_acc[4 * j + 2 * h] * scale, dk_acc[4 * j + 2 * h + 1] * scale);
-            }
-        }
-    }
-}
 
 template <typename T, int HEAD_DIM, int BLOCK_M, int WGS, int STAGES, int MASK, bool DQ>
 __global__ void __launch_bounds__(WGS * 128, 1)
@@ -173,89 +153,27 @@ flash_bwd_dkdv_wgmma(const T* __restrict__ q, const T* __restrict__ k, const T* 
         float s[MT][4], dp[MT][4];
         float(&s_flat)[MT * 4] = reinterpret_cast<float(&)[MT * 4]>(s);
         float(&dp_flat)[MT * 4] = reinterpret_cast<float(&)[MT * 4]>(dp);
-#pragma unroll
-        for (int i = 0; i < MT * 4; ++i) s_flat[i] = dp_flat[i] = 0.f;
-        // one descriptor per operand, advanced by constants per k-step (registers: see wgmma::advance)
-        const unsigned long long k_desc = wgmma::desc_k_major(k_wg), v_desc = wgmma::desc_k_major(v_wg);
-        const unsigned long long q_kdesc = wgmma::desc_k_major(q_st), do_kdesc = wgmma::desc_k_major(do_st);
-        wgmma::fence();
-#pragma unroll
-        for (int kk = 0; kk < HEAD_DIM / 16; ++kk)
-            wgmma::mma_ss<T, BLOCK_M>(s_flat, wgmma::advance(k_desc, (kk >> 2) * (BLOCK_N * 128) + (kk & 3) * 32),
-                                      wgmma::advance(q_kdesc, (kk >> 2) * (BLOCK_M * 128) + (kk & 3) * 32));
-        wgmma::commit();
-#pragma unroll
-        for (int kk = 0; kk < HEAD_DIM / 16; ++kk)
-            wgmma::mma_ss<T, BLOCK_M>(dp_flat, wgmma::advance(v_desc, (kk >> 2) * (BLOCK_N * 128) + (kk & 3) * 32),
-                                      wgmma::advance(do_kdesc, (kk >> 2) * (BLOCK_M * 128) + (kk & 3) * 32));
-        wgmma::commit();
+        issue_sdp<T, HEAD_DIM, BLOCK_M, BLOCK_N>(s_flat, dp_flat, k_wg, v_wg, q_st, do_st);
         wgmma::wait<1>();
-
         if constexpr (MASKED)
             mask_scores_t<MT, WINDOW, SEGMENTS>(s, m0, kv_row, seq_q, seq_kv, shift, window_left, window_right,
                                                 q_ids + (long long)b * seq_q, kvid, t);
-        const float* lrow = sL + stage * BLOCK_M;
-        const float* drow = sD + stage * BLOCK_M;
         unsigned p_pk[MT][2], ds_pk[MT][2];  // P^T, dS^T rounded to T: rows g and g + 8, columns 8 j + 2 t (+1)
-#pragma unroll
-        for (int j = 0; j < MT; ++j) {
-            const float2 l = *reinterpret_cast<const float2*>(lrow + 8 * j + 2 * t);
-            s[j][0] = exp2_approx(fmaf(s[j][0], scale_log2, -l.x));
-            s[j][1] = exp2_approx(fmaf(s[j][1], scale_log2, -l.y));
-            s[j][2] = exp2_approx(fmaf(s[j][2], scale_log2, -l.x));
-            s[j][3] = exp2_approx(fmaf(s[j][3], scale_log2, -l.y));
-            p_pk[j][0] = pack2<T>(s[j][0], s[j][1]);
-            p_pk[j][1] = pack2<T>(s[j][2], s[j][3]);
-        }
+        form_p<T, MT>(s, p_pk, sL + stage * BLOCK_M, scale_log2, t);
         wgmma::wait<0>();
-#pragma unroll
-        for (int j = 0; j < MT; ++j) {
-            const float2 d = *reinterpret_cast<const float2*>(drow + 8 * j + 2 * t);
-            ds_pk[j][0] = pack2<T>(s[j][0] * (dp[j][0] - d.x), s[j][1] * (dp[j][1] - d.y));
-            ds_pk[j][1] = pack2<T>(s[j][2] * (dp[j][2] - d.x), s[j][3] * (dp[j][3] - d.y));
-        }
-
-        // dV += P^T dO, dK += dS^T Q (k = the query dimension, 16 per step)
-        const unsigned long long do_desc = wgmma::desc_mn_major(do_st, BLOCK_M * 128);
-        const unsigned long long q_desc = wgmma::desc_mn_major(q_st, BLOCK_M * 128);
-        wgmma::fence();
-#pragma unroll
-        for (int kq = 0; kq < BLOCK_M / 16; ++kq) {
-            const unsigned a[4] = {p_pk[2 * kq][0], p_pk[2 * kq][1], p_pk[2 * kq + 1][0], p_pk[2 * kq + 1][1]};
-            wgmma::mma_rs_bt<T, HEAD_DIM>(dv_acc, a, wgmma::advance(do_desc, kq * 16 * 128));
-        }
-#pragma unroll
-        for (int kq = 0; kq < BLOCK_M / 16; ++kq) {
-            const unsigned a[4] = {ds_pk[2 * kq][0], ds_pk[2 * kq][1], ds_pk[2 * kq + 1][0], ds_pk[2 * kq + 1][1]};
-            wgmma::mma_rs_bt<T, HEAD_DIM>(dk_acc, a, wgmma::advance(q_desc, kq * 16 * 128));
-        }
-        wgmma::commit();
+        form_ds<T, MT>(s, dp, ds_pk, sD + stage * BLOCK_M, t);
+        issue_dkdv<T, HEAD_DIM, BLOCK_M>(dv_acc, dk_acc, p_pk, ds_pk, q_st, do_st);
 
         if constexpr (DQ) {
             // dS^T -> shared memory ([kv][query], blocked and swizzled like the other tiles)
-            unsigned char* ds_base = smem + (sdS - sK);
-#pragma unroll
-            for (int j = 0; j < MT; ++j) {
-                *reinterpret_cast<unsigned*>(ds_base + wgmma::blocked_offset<BLOCK_N>(wrow + g, j) + 4 * t) = ds_pk[j][0];
-                *reinterpret_cast<unsigned*>(ds_base + wgmma::blocked_offset<BLOCK_N>(wrow + g + 8, j) + 4 * t) =
-                    ds_pk[j][1];
-            }
+            store_ds_t<BLOCK_N, MT>(smem + (sdS - sK), ds_pk, wrow + g, t);
             wgmma::fence_proxy_async();
             __syncthreads();  // all of dS^T is in place
 
             // dQ slice: query rows [64 rw, +64) of the tile, head-dim columns [DQ_N cw, +DQ_N); k = kv rows
             const int rw = wg % DQ_ROW_BLOCKS, cw = wg / DQ_ROW_BLOCKS;
             float dq[DQ_N / 2];
-#pragma unroll
-            for (int i = 0; i < DQ_N / 2; ++i) dq[i] = 0.f;
-            const unsigned long long ds_desc = wgmma::desc_mn_major(sdS + rw * (BLOCK_N * 128), BLOCK_N * 128);
-            const unsigned long long kt_desc = wgmma::desc_mn_major(sK + (cw * DQ_N / 64) * (BLOCK_N * 128), BLOCK_N * 128);
-            wgmma::fence();
-#pragma unroll
-            for (int kn = 0; kn < BLOCK_N / 16; ++kn)
-                wgmma::mma_ss_tt<T, DQ_N>(dq, wgmma::advance(ds_desc, kn * 16 * 128),
-                                          wgmma::advance(kt_desc, kn * 16 * 128));
-            wgmma::commit();
+            issue_dq<T, BLOCK_N, DQ_N>(dq, sdS + rw * (BLOCK_N * 128), sK + (cw * DQ_N / 64) * (BLOCK_N * 128));
             wgmma::wait<0>();
 
             const int r0 = m0 + 64 * rw + 16 * (warp & 3) + g;

@@ -90,6 +90,14 @@ __device__ __forceinline__ void load_4d(unsigned dst, const TensorMap& map, unsi
         : "memory");
 }
 
+// `bytes` contiguous bytes of global memory at src -> shared memory at dst (no tensor map: both 16-byte aligned,
+// bytes a multiple of 16); completes `bar`'s transaction count with them.
+__device__ __forceinline__ void load_1d(unsigned dst, const void* src, unsigned bytes, unsigned bar) {
+    asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];"
+                 ::"r"(dst), "l"(src), "r"(bytes), "r"(bar)
+                 : "memory");
+}
+
 // The box at (x, y) -> shared memory at dst in every CTA of the cluster named in `mask` (bit r: rank r), at the
 // same offset; each destination CTA's barrier at `bar`'s offset counts the box's bytes.
 __device__ __forceinline__ void load_2d_multicast(unsigned dst, const TensorMap& map, unsigned bar, int x, int y,
@@ -131,10 +139,21 @@ __device__ __forceinline__ void store_2d(const TensorMap& map, unsigned src, int
                  : "memory");
 }
 
+// Shared memory at src, laid out as the map's box, added element-wise into the box at (x, y, z, w) of a rank-4
+// fp32 map (elements outside the tensor are skipped); one bulk group per store_commit, as store_2d.
+__device__ __forceinline__ void reduce_add_4d(const TensorMap& map, unsigned src, int x, int y, int z, int w) {
+    asm volatile("cp.reduce.async.bulk.tensor.4d.global.shared::cta.add.tile.bulk_group [%0, {%2, %3, %4, %5}], [%1];"
+                 ::"l"(map_addr(map)), "r"(src), "r"(x), "r"(y), "r"(z), "r"(w)
+                 : "memory");
+}
+
 __device__ __forceinline__ void store_commit() { asm volatile("cp.async.bulk.commit_group;" ::: "memory"); }
 
 // Waits until the committed stores have read their shared memory (it may be reused after this).
 __device__ __forceinline__ void store_wait_read() { asm volatile("cp.async.bulk.wait_group.read 0;" ::: "memory"); }
+
+// Waits until the committed stores have completed (their writes are done, not only their reads).
+__device__ __forceinline__ void store_wait_all() { asm volatile("cp.async.bulk.wait_group 0;" ::: "memory"); }
 
 // Orders this thread's generic-proxy shared-memory writes before async-proxy reads (a TMA store, wgmma).
 __device__ __forceinline__ void fence_proxy_async_shared() {

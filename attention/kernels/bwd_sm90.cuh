@@ -1,0 +1,137 @@
+// The per-step products of the Hopper dK/dV kernels in which each warpgroup owns 64 KV rows
+// (flash_bwd_dkdv_wgmma in flash_bwd_sm90.cu, fed by cp.async; flash_bwd_tma, fed by TMA from a producer warp).
+// Tiles are in shared memory as 64-element blocks of 128-byte rows with the 128-byte swizzle (wgmma.cuh): K and V
+// of BLOCK_N rows, Q and dO of BLOCK_M rows, dS^T of BLOCK_N rows x BLOCK_M columns. For one warpgroup and one
+// (q head, query tile), with S^T and dP^T [64 kv rows x BLOCK_M queries] in the m64nBLOCK_M accumulator layout:
+//   issue_sdp   S^T = K_w Q^T and dP^T = V_w dO^T, two wgmma groups (not waited for)
+//   form_p      after wait<1>: P^T = 2^(S^T scale log2e - lse2[query]) in place, and rounded to T
+//   form_ds     after wait<0>: dS^T = P^T (dP^T - D[query]) rounded to T
+//   issue_dkdv  dV += P^T dO, dK += dS^T Q (A from registers, dO and Q MN-major), one group
+//   store_ds_t  dS^T into the shared dS^T tile (the dQ product's A operand)
+//   issue_dq    a 64 x DQ_N slice of dQ_tile = dS K (both operands MN-major), one group
+//   store_dkdv  dK * scale and dV from the accumulators to global memory at the end
+#pragma once
+
+#include "bwd_common.cuh"
+#include "sm90_common.cuh"
+
+namespace attn {
+
+template <typename T, int HEAD_DIM, int BLOCK_M, int BLOCK_N>
+__device__ __forceinline__ void issue_sdp(float (&s)[BLOCK_M / 2], float (&dp)[BLOCK_M / 2], unsigned k_wg,
+                                          unsigned v_wg, unsigned q_st, unsigned do_st) {
+#pragma unroll
+    for (int i = 0; i < BLOCK_M / 2; ++i) s[i] = dp[i] = 0.f;
+    wgmma::fence_operands(s);
+    wgmma::fence_operands(dp);
+    // one descriptor per operand, advanced by constants per k-step (registers: see wgmma::advance)
+    const unsigned long long k_desc = wgmma::desc_k_major(k_wg), v_desc = wgmma::desc_k_major(v_wg);
+    const unsigned long long q_desc = wgmma::desc_k_major(q_st), do_desc = wgmma::desc_k_major(do_st);
+    wgmma::fence();
+#pragma unroll
+    for (int kk = 0; kk < HEAD_DIM / 16; ++kk)
+        wgmma::mma_ss<T, BLOCK_M>(s, wgmma::advance(k_desc, (kk >> 2) * (BLOCK_N * 128) + (kk & 3) * 32),
+                                  wgmma::advance(q_desc, (kk >> 2) * (BLOCK_M * 128) + (kk & 3) * 32));
+    wgmma::commit();
+#pragma unroll
+    for (int kk = 0; kk < HEAD_DIM / 16; ++kk)
+        wgmma::mma_ss<T, BLOCK_M>(dp, wgmma::advance(v_desc, (kk >> 2) * (BLOCK_N * 128) + (kk & 3) * 32),
+                                  wgmma::advance(do_desc, (kk >> 2) * (BLOCK_M * 128) + (kk & 3) * 32));
+    wgmma::commit();
+}
+
+// lrow: the step's BLOCK_M lse2 values (log2 units; +inf for rows with no visible key or past the sequence).
+template <typename T, int MT>
+__device__ __forceinline__ void form_p(float (&s)[MT][4], unsigned (&p_pk)[MT][2], const float* lrow,
+                                       float scale_log2, int t) {
+#pragma unroll
+    for (int j = 0; j < MT; ++j) {
+        const float2 l = *reinterpret_cast<const float2*>(lrow + 8 * j + 2 * t);
+        s[j][0] = exp2_approx(fmaf(s[j][0], scale_log2, -l.x));
+        s[j][1] = exp2_approx(fmaf(s[j][1], scale_log2, -l.y));
+        s[j][2] = exp2_approx(fmaf(s[j][2], scale_log2, -l.x));
+        s[j][3] = exp2_approx(fmaf(s[j][3], scale_log2, -l.y));
+        p_pk[j][0] = pack2<T>(s[j][0], s[j][1]);
+        p_pk[j][1] = pack2<T>(s[j][2], s[j][3]);
+    }
+}
+
+// drow: the step's BLOCK_M values of D = rowsum(dO * O) (0 past the sequence).
+template <typename T, int MT>
+__device__ __forceinline__ void form_ds(const float (&p)[MT][4], const float (&dp)[MT][4], unsigned (&ds_pk)[MT][2],
+                                        const float* drow, int t) {
+#pragma unroll
+    for (int j = 0; j < MT; ++j) {
+        const float2 d = *reinterpret_cast<const float2*>(drow + 8 * j + 2 * t);
+        ds_pk[j][0] = pack2<T>(p[j][0] * (dp[j][0] - d.x), p[j][1] * (dp[j][1] - d.y));
+        ds_pk[j][1] = pack2<T>(p[j][2] * (dp[j][2] - d.x), p[j][3] * (dp[j][3] - d.y));
+    }
+}
+
+template <typename T, int HEAD_DIM, int BLOCK_M>
+__device__ __forceinline__ void issue_dkdv(float (&dv)[HEAD_DIM / 2], float (&dk)[HEAD_DIM / 2],
+                                           const unsigned (&p_pk)[BLOCK_M / 8][2],
+                                           const unsigned (&ds_pk)[BLOCK_M / 8][2], unsigned q_st, unsigned do_st) {
+    const unsigned long long do_desc = wgmma::desc_mn_major(do_st, BLOCK_M * 128);
+    const unsigned long long q_desc = wgmma::desc_mn_major(q_st, BLOCK_M * 128);
+    wgmma::fence();
+#pragma unroll
+    for (int kq = 0; kq < BLOCK_M / 16; ++kq) {
+        const unsigned a[4] = {p_pk[2 * kq][0], p_pk[2 * kq][1], p_pk[2 * kq + 1][0], p_pk[2 * kq + 1][1]};
+        wgmma::mma_rs_bt<T, HEAD_DIM>(dv, a, wgmma::advance(do_desc, kq * 16 * 128));
+    }
+#pragma unroll
+    for (int kq = 0; kq < BLOCK_M / 16; ++kq) {
+        const unsigned a[4] = {ds_pk[2 * kq][0], ds_pk[2 * kq][1], ds_pk[2 * kq + 1][0], ds_pk[2 * kq + 1][1]};
+        wgmma::mma_rs_bt<T, HEAD_DIM>(dk, a, wgmma::advance(q_desc, kq * 16 * 128));
+    }
+    wgmma::commit();
+}
+
+// This thread's dS^T values (kv rows row and row + 8 of the BLOCK_N-row tile) -> the tile at ds_base (generic
+// address); the caller fences (wgmma::fence_proxy_async) and synchronises before wgmma reads it.
+template <int BLOCK_N, int MT>
+__device__ __forceinline__ void store_ds_t(unsigned char* ds_base, const unsigned (&ds_pk)[MT][2], int row, int t) {
+#pragma unroll
+    for (int j = 0; j < MT; ++j) {
+        *reinterpret_cast<unsigned*>(ds_base + wgmma::blocked_offset<BLOCK_N>(row, j) + 4 * t) = ds_pk[j][0];
+        *reinterpret_cast<unsigned*>(ds_base + wgmma::blocked_offset<BLOCK_N>(row + 8, j) + 4 * t) = ds_pk[j][1];
+    }
+}
+
+// dQ[64 queries, DQ_N columns] = dS K over the BLOCK_N kv rows: ds_rows = the dS^T tile at its first query
+// column of the slice (a 64-column block), k_cols = K at the slice's first head-dim block; zeroed first.
+template <typename T, int BLOCK_N, int DQ_N>
+__device__ __forceinline__ void issue_dq(float (&dq)[DQ_N / 2], unsigned ds_rows, unsigned k_cols) {
+#pragma unroll
+    for (int i = 0; i < DQ_N / 2; ++i) dq[i] = 0.f;
+    wgmma::fence_operands(dq);
+    const unsigned long long ds_desc = wgmma::desc_mn_major(ds_rows, BLOCK_N * 128);
+    const unsigned long long kt_desc = wgmma::desc_mn_major(k_cols, BLOCK_N * 128);
+    wgmma::fence();
+#pragma unroll
+    for (int kn = 0; kn < BLOCK_N / 16; ++kn)
+        wgmma::mma_ss_tt<T, DQ_N>(dq, wgmma::advance(ds_desc, kn * 16 * 128), wgmma::advance(kt_desc, kn * 16 * 128));
+    wgmma::commit();
+}
+
+// dV and dK * scale (accumulators of NT 8-column tiles, rows kv_row and kv_row + 8, columns 8 j + 2 t (+1)
+// from the given row pointers) rounded to T; rows past seq_kv are not written.
+template <typename T, int NT>
+__device__ __forceinline__ void store_dkdv(const float (&dv_acc)[NT * 4], const float (&dk_acc)[NT * 4], T* dv_row,
+                                           T* dk_row, long long step8, int kv_row, int seq_kv, float scale) {
+#pragma unroll
+    for (int j = 0; j < NT; ++j) {
+#pragma unroll
+        for (int h = 0; h < 2; ++h) {
+            if (kv_row + 8 * h < seq_kv) {
+                *reinterpret_cast<unsigned*>(dv_row + h * step8 + 8 * j) =
+                    pack2<T>(dv_acc[4 * j + 2 * h], dv_acc[4 * j + 2 * h + 1]);
+                *reinterpret_cast<unsigned*>(dk_row + h * step8 + 8 * j) =
+                    pack2<T>(dk_acc[4 * j + 2 * h] * scale, dk_acc[4 * j + 2 * h + 1] * scale);
+            }
+        }
+    }
+}
+
+}  // namespace attn

@@ -1,0 +1,262 @@
+// Flash attention backward dK/dV (+ dQ) on Hopper the warp-specialised way (sm_90a only): the products of
+// flash_bwd_dkdv_wgmma (flash_bwd_sm90.cu, bwd_sm90.cuh) fed by the tensor memory accelerator from a producer warp,
+// and dQ added by TMA reductions from shared memory instead of per-thread atomics. Head dims 64 and 128.
+//
+// Layout and arguments as flash_bwd_dkdv_wgmma, except that q, k, v, dO arrive as tensor maps (rank 4, (head_dim,
+// seq, heads, batch) innermost first, boxes of 64 columns x BLOCK_M (q, dO) or BLOCK_N (k, v) rows, 128-byte
+// swizzle: one copy fills one 64-column block of the blocked layout wgmma reads), and the fp32 dQ accumulator
+// ([batch, seq_q, heads, head_dim], zeroed by the preprocess) as a map with boxes of 32 columns x 64 rows and the
+// 128-byte swizzle. A packed batch (MASK_VARLEN) has maps over the packed rows (batch 1) and the kernel adds the
+// sequence's first row to the row coordinates; query rows past the sequence's end inside the packed tensor belong
+// to the next sequence: their lse2 (+inf, the padding of bwd_common.cuh) makes P and dS zero, so they add nothing
+// to dK and dV and zeros to dQ.
+//
+// Grid: (KV tiles, kv heads, batch) as flash_bwd_dkdv_wgmma (kv_block_coords: heaviest tiles first).
+// Block: 384 threads = three warpgroups; BLOCK_N = 128 KV rows.
+//   warpgroup 0, the producer (setmaxnreg 24): lane 0 of warp 0 loads K and V once (kv_bar), then for each step
+//     (q head of the GQA group, query tile: QTileRange) waits until ring stage j % STAGES is free (empty: all eight
+//     consumer warps are done with it) and loads Q, dO (tensor maps) and the step's lse2 and D (bulk copies of BLOCK_M
+//     floats: the padded arrays are 16-byte aligned at every tile) on full[stage].
+//   warpgroups 1 and 2, the consumers (setmaxnreg 240): consumer c owns KV rows [64 c, 64 c + 64). Per step:
+//     S^T, dP^T (two wgmma groups); masks and P^T under dP^T; dS^T; dV += P^T dO and dK += dS^T Q issued; dS^T
+//     stored into one of two shared tiles (by step parity, so a consumer that runs ahead never overwrites a tile
+//     the other still multiplies) and, after a named barrier of both consumers, dQ_tile = dS K: consumer c
+//     takes a 64 x DQ_N slice, waits, frees the stage, puts the slice into its own staging boxes (the map's
+//     swizzled box layout: conflict-free float2 stores) and one thread adds them into the accumulator with
+//     cp.reduce.async.bulk.tensor (rows outside the tensor are skipped); the boxes are reused only after that
+//     thread saw the previous reduction read them.
+// dK (times the softmax scale) and dV, summed over the group already, go straight from registers to global.
+//
+// Shared memory (1024-byte aligned): K, V (BLOCK_N x HEAD_DIM), STAGES x Q, STAGES x dO (BLOCK_M x HEAD_DIM), with
+// DQ two dS^T tiles (BLOCK_N x BLOCK_M) and the dQ staging boxes (BLOCK_M x HEAD_DIM fp32), then STAGES x lse2 and
+// D (BLOCK_M floats), then the barriers: kv_bar, full[STAGES], empty[STAGES].
+#include "bwd_sm90.cuh"
+#include "tma.cuh"
+
+using namespace attn;
+
+template <typename T, int HEAD_DIM, int BLOCK_M, int STAGES, int MASK, bool DQ>
+__global__ void __launch_bounds__(384, 1)
+flash_bwd_tma(const __grid_constant__ tma::TensorMap q_map, const __grid_constant__ tma::TensorMap k_map,
+              const __grid_constant__ tma::TensorMap v_map, const __grid_constant__ tma::TensorMap do_map,
+              const __grid_constant__ tma::TensorMap dq_map, const float* __restrict__ lse2,
+              const float* __restrict__ dsum, T* __restrict__ dk, T* __restrict__ dv, const int* __restrict__ q_ids,
+              const int* __restrict__ kv_ids, const int2* __restrict__ q_tile_ids,
+              const int2* __restrict__ kv_tile_ids, int seq_q, int seq_kv, int seq_pad, int heads, int kv_group,
+              int window_left, int window_right, float scale_log2, float scale, int batch, int head_chunk) {
+    constexpr int BLOCK_N = 128;
+    constexpr int MT = BLOCK_M / 8;                      // 8-column (query) tiles of S^T
+    constexpr int DT = HEAD_DIM / 8;                     // 8-column tiles of dK / dV
+    constexpr int BLOCKS = HEAD_DIM / 64;                // 64-column blocks of a row
+    constexpr int DQ_ROW_BLOCKS = BLOCK_M / 64;          // 64-query row blocks of the dQ tile ...
+    constexpr int DQ_N = HEAD_DIM * DQ_ROW_BLOCKS / 2;   // ... and the head-dim slice each consumer takes
+    constexpr int DQ_BOX = 64 * 32 * 4;                  // one staging box: 64 rows x 32 fp32 columns
+    constexpr bool WINDOW = (MASK & BWD_MASK_WINDOW) != 0;
+    constexpr bool SEGMENTS = (MASK & BWD_MASK_SEGMENTS) != 0;
+    constexpr bool VARLEN = (MASK & MASK_VARLEN) != 0;
+    constexpr int KV_BYTES = BLOCK_N * HEAD_DIM * 2, Q_BYTES = BLOCK_M * HEAD_DIM * 2, DS_BYTES = BLOCK_N * BLOCK_M * 2;
+    static_assert(HEAD_DIM == 64 || HEAD_DIM == 128, "dK and dV accumulate in registers: head_dim 64 or 128");
+    static_assert(BLOCK_M == 64 || BLOCK_M == 128, "query tiles of 64 or 128 rows (a wgmma N)");
+    static_assert(2 % DQ_ROW_BLOCKS == 0 && DQ_N % 32 == 0, "dQ split over the two consumers in 32-column boxes");
+
+    extern __shared__ __align__(1024) unsigned char smem_raw[];
+    const unsigned raw0 = smem_addr(smem_raw);
+    const unsigned sK = (raw0 + 1023) & ~1023u;  // smem_bytes() reserves the slack
+    unsigned char* smem = smem_raw + (sK - raw0);
+    const unsigned sV = sK + KV_BYTES, sQ = sV + KV_BYTES, sdO = sQ + STAGES * Q_BYTES, sdS = sdO + STAGES * Q_BYTES;
+    const unsigned sdQ = sdS + (DQ ? 2 * DS_BYTES : 0);
+    const unsigned sL = sdQ + (DQ ? BLOCK_M * HEAD_DIM * 4 : 0), sD = sL + STAGES * BLOCK_M * 4;
+    const unsigned kv_bar = sD + STAGES * BLOCK_M * 4, full = kv_bar + 8, empty = full + 8 * STAGES;
+
+    const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, wg = warp >> 2;
+    if (tid == 0) {
+        tma::prefetch_map(q_map);
+        tma::prefetch_map(k_map);
+        tma::prefetch_map(v_map);
+        tma::prefetch_map(do_map);
+        if constexpr (DQ) tma::prefetch_map(dq_map);
+        tma::mbar_init(kv_bar, 1);
+        for (int s = 0; s < STAGES; ++s) {
+            tma::mbar_init(full + 8 * s, 1);
+            tma::mbar_init(empty + 8 * s, 8);  // one arrival per consumer warp
+        }
+        tma::fence_mbar_init();
+    }
+    __syncthreads();
+
+    // ---- the KV tile, its sequence (packed batches): each role works them out after taking its registers
+    int b = blockIdx.z;
+    int nb, kvh;
+    kv_block_coords(nb, kvh, head_chunk);
+    const int kv_heads = gridDim.y;
+    int q_row0 = 0, kv_row0 = 0;  // a packed sequence's first rows in the maps
+    auto enter = [&]() {  // false: a packed batch's grid runs past its last tile (every thread of the CTA alike)
+        if constexpr (VARLEN) {
+            int tile;
+            if (!varlen_tile<BLOCK_N>(kv_ids, batch, seq_kv, nb, b, tile)) return false;
+            const VarlenSeq sq = varlen_seq(q_ids, b, seq_q), sk = varlen_seq(kv_ids, b, seq_kv);
+            nb = tile;
+            q_row0 = sq.start;
+            kv_row0 = sk.start;
+            seq_q = sq.len;
+            seq_kv = sk.len;
+            dk += (long long)sk.start * kv_heads * HEAD_DIM;
+            dv += (long long)sk.start * kv_heads * HEAD_DIM;
+            lse2 += varlen_pad_start(sq.start, b);  // seq_pad: the padded total, the head stride
+            dsum += varlen_pad_start(sq.start, b);
+            b = 0;
+        }
+        return true;
+    };
+    auto q_tiles = [&]() {
+        QTileRange<BLOCK_M, BLOCK_N, WINDOW, SEGMENTS> r(nb * BLOCK_N, seq_q, seq_kv, window_left, window_right,
+                                                         q_tile_ids, kv_tile_ids, b, nb, gridDim.x, kv_group);
+        // the KV tiles of one head run at about the same time: each starts at another query tile, so their dQ
+        // reductions go to different rows instead of queueing on the same ones
+        r.rot = r.n_m > 0 ? nb % r.n_m : 0;
+        return r;
+    };
+    const int h0 = kvh * kv_group;  // the group's first q head
+
+    if (wg == 0) {  // ---------------------------------------------------------------- producer
+        ws::regs_dec<24>();
+        if (warp != 0 || !enter()) return;
+        if (lane == 0) {
+            const int n0 = nb * BLOCK_N;
+            tma::mbar_arrive_expect_tx(kv_bar, 2 * KV_BYTES);
+#pragma unroll
+            for (int c = 0; c < BLOCKS; ++c) {
+                tma::load_4d(sK + c * (BLOCK_N * 128), k_map, kv_bar, 64 * c, kv_row0 + n0, kvh, b);
+                tma::load_4d(sV + c * (BLOCK_N * 128), v_map, kv_bar, 64 * c, kv_row0 + n0, kvh, b);
+            }
+            const auto tiles = q_tiles();
+            int j = 0;
+            for (int it = tiles.next_visible(0); it < tiles.total; it = tiles.next_visible(it + 1), ++j) {
+                const int s = j % STAGES;
+                const int h = h0 + tiles.head_in_group(it), m0 = tiles.m_block(it) * BLOCK_M;
+                tma::mbar_wait(empty + 8 * s, ((j / STAGES) & 1) ^ 1);
+                tma::mbar_arrive_expect_tx(full + 8 * s, 2 * Q_BYTES + 2 * BLOCK_M * 4);
+#pragma unroll
+                for (int c = 0; c < BLOCKS; ++c) {
+                    tma::load_4d(sQ + s * Q_BYTES + c * (BLOCK_M * 128), q_map, full + 8 * s, 64 * c, q_row0 + m0, h, b);
+                    tma::load_4d(sdO + s * Q_BYTES + c * (BLOCK_M * 128), do_map, full + 8 * s, 64 * c, q_row0 + m0,
+                                 h, b);
+                }
+                const long long row = ((long long)b * heads + h) * seq_pad + m0;
+                tma::load_1d(sL + s * BLOCK_M * 4, lse2 + row, BLOCK_M * 4, full + 8 * s);
+                tma::load_1d(sD + s * BLOCK_M * 4, dsum + row, BLOCK_M * 4, full + 8 * s);
+            }
+        }
+        return;
+    }
+
+    // -------------------------------------------------------------------- consumers
+    ws::regs_inc<240>();
+    if (!enter()) return;
+    const auto tiles = q_tiles();
+    const int n0 = nb * BLOCK_N;
+    const int shift = seq_kv - seq_q;
+    const int cw = wg - 1, tg = tid - 128 * wg;
+    const int g = lane >> 2, t = lane & 3;
+    const int wrow = 64 * cw + 16 * (warp & 3);  // this warp's 16 kv rows in the tile
+    const int kv_row = n0 + wrow + g;            // this thread's: kv_row and kv_row + 8
+    int kvid[2] = {0, 0};
+    if constexpr (SEGMENTS) {
+        kvid[0] = kv_ids[(long long)b * seq_kv + min(kv_row, seq_kv - 1)];
+        kvid[1] = kv_ids[(long long)b * seq_kv + min(kv_row + 8, seq_kv - 1)];
+    }
+    const unsigned k_wg = sK + cw * 64 * 128, v_wg = sV + cw * 64 * 128;  // this consumer's 64 rows per block
+    const float* lse_s = reinterpret_cast<const float*>(smem + (sL - sK));
+    const float* d_s = reinterpret_cast<const float*>(smem + (sD - sK));
+    // dQ slice of this consumer: query rows [64 rw, +64) of the tile, head-dim columns [DQ_N cq, +DQ_N)
+    const int rw = cw % DQ_ROW_BLOCKS, cq = cw / DQ_ROW_BLOCKS;
+    const unsigned dq_boxes = sdQ + cw * (DQ_N / 32) * DQ_BOX;
+
+    float dv_acc[DT * 4], dk_acc[DT * 4];
+#pragma unroll
+    for (int i = 0; i < DT * 4; ++i) dv_acc[i] = dk_acc[i] = 0.f;
+
+    auto release = [&](int stage) {  // this warp is done with the stage: its reads of lse2 / D included
+        __syncwarp();
+        if (lane == 0) tma::mbar_arrive(empty + 8 * stage);
+    };
+
+    tma::mbar_wait(kv_bar, 0);  // always: the CTA may not exit with K's and V's copies in flight
+    int j = 0;
+    for (int it = tiles.next_visible(0); it < tiles.total; it = tiles.next_visible(it + 1), ++j) {
+        const int st = j % STAGES;
+        const int h = h0 + tiles.head_in_group(it), mb = tiles.m_block(it), m0 = mb * BLOCK_M;
+        const unsigned q_st = sQ + st * Q_BYTES, do_st = sdO + st * Q_BYTES;
+        tma::mbar_wait(full + 8 * st, (j / STAGES) & 1);
+
+        float s[MT][4], dp[MT][4];
+        float(&s_flat)[MT * 4] = reinterpret_cast<float(&)[MT * 4]>(s);
+        float(&dp_flat)[MT * 4] = reinterpret_cast<float(&)[MT * 4]>(dp);
+        issue_sdp<T, HEAD_DIM, BLOCK_M, BLOCK_N>(s_flat, dp_flat, k_wg, v_wg, q_st, do_st);
+        wgmma::wait<1>();
+        wgmma::fence_operands(s_flat);
+        if (tiles.needs_mask(mb))
+            mask_scores_t<MT, WINDOW, SEGMENTS>(s, m0, kv_row, seq_q, seq_kv, shift, window_left, window_right,
+                                                q_ids + (long long)b * seq_q, kvid, t);
+        unsigned p_pk[MT][2], ds_pk[MT][2];  // P^T, dS^T rounded to T: rows g and g + 8, columns 8 j + 2 t (+1)
+        form_p<T, MT>(s, p_pk, lse_s + st * BLOCK_M, scale_log2, t);
+        wgmma::wait<0>();
+        wgmma::fence_operands(dp_flat);
+        form_ds<T, MT>(s, dp, ds_pk, d_s + st * BLOCK_M, t);
+        wgmma::fence_operands(dv_acc);
+        wgmma::fence_operands(dk_acc);
+        issue_dkdv<T, HEAD_DIM, BLOCK_M>(dv_acc, dk_acc, p_pk, ds_pk, q_st, do_st);
+
+        if constexpr (DQ) {
+            const unsigned ds_tile = sdS + (j & 1) * DS_BYTES;
+            store_ds_t<BLOCK_N, MT>(smem + (ds_tile - sK), ds_pk, wrow + g, t);
+            wgmma::fence_proxy_async();
+            ws::bar_sync(1, 256);  // both consumers' dS^T rows in place
+            float dq[DQ_N / 2];
+            issue_dq<T, BLOCK_N, DQ_N>(dq, ds_tile + rw * (BLOCK_N * 128),
+                                        sK + (cq * DQ_N / 64) * (BLOCK_N * 128) + (cq * DQ_N % 64) * 2);
+            wgmma::wait<0>();
+            wgmma::fence_operands(dq);
+            wgmma::fence_operands(dv_acc);
+            wgmma::fence_operands(dk_acc);
+            release(st);  // Q, dO, lse2, D of this stage are no longer read
+
+            // the slice -> this consumer's staging boxes (box c: columns [32 c, +32) of the slice, 128-byte rows,
+            // 16-byte chunk k of row r at k ^ (r % 8)), once the previous reduction has read them
+            if (tg == 0) tma::store_wait_read();
+            ws::bar_sync(2 + cw, 128);
+            const int r = 16 * (warp & 3) + g;
+#pragma unroll
+            for (int jn = 0; jn < DQ_N / 8; ++jn) {
+                const int col = 8 * jn + 2 * t;  // within the slice
+                const unsigned box = dq_boxes + (col / 32) * DQ_BOX, ch = (col % 32) / 4, in = (col % 4) * 4;
+#pragma unroll
+                for (int hh = 0; hh < 2; ++hh) {
+                    const int rr = r + 8 * hh;
+                    const unsigned addr = box + rr * 128 + ((ch ^ (rr & 7)) << 4) + in;
+                    asm volatile("st.shared.v2.f32 [%0], {%1, %2};\n" ::"r"(addr), "f"(dq[4 * jn + 2 * hh]),
+                                 "f"(dq[4 * jn + 2 * hh + 1]));
+                }
+            }
+            tma::fence_proxy_async_shared();
+            ws::bar_sync(2 + cw, 128);
+            if (tg == 0) {
+#pragma unroll
+                for (int c = 0; c < DQ_N / 32; ++c)
+                    tma::reduce_add_4d(dq_map, dq_boxes + c * DQ_BOX, cq * DQ_N + 32 * c, q_row0 + m0 + 64 * rw, h, b);
+                tma::store_commit();
+            }
+        } else {
+            wgmma::wait<0>();
+            wgmma::fence_operands(dv_acc);
+            wgmma::fence_operands(dk_acc);
+            release(st);
+        }
+    }
+    if constexpr (DQ) {
+        if (tg == 0) tma::store_wait_all();  // the staging boxes stay valid until the last reduction is done
+    }
+
+    const long long out = (((long long)b * seq_kv + kv_row) * kv_heads + kvh) * HEAD_DIM + 2 * t;
+    store_dkdv<T, DT>(dv_acc, dk_acc, dv + out, dk + out, 8LL * kv_heads * HEAD_DIM, kv_row, seq_kv, scale);
+}
