@@ -21,7 +21,7 @@ from cukernels import compile as _compile
 from cukernels import device as _device
 from cukernels import dtypes, launch, tiling
 
-from .configs import HEAD_DIMS, MASK_SEGMENTS, FwdProblem, FwdTmaConfig, plan_forward, tma_unusable
+from .configs import HEAD_DIMS, MASK_SEGMENTS, FwdProblem, FwdTmaConfig, check_servable, plan_forward
 
 KERNELS = Path(__file__).parent / "kernels"
 KERNEL_SOURCE = KERNELS / "flash_fwd.cu"  # holds tile_id_range, the segment-id pre-pass of every kernel
@@ -204,18 +204,24 @@ def tensor_maps(q, k, v, problem: FwdProblem, cfg) -> list:
     """The tensor maps of ``flash_fwd_tma`` (kernels/flash_fwd_tma.cu): q, k, v as rank-4 (head_dim, seq, heads,
     batch) maps, boxes of 64 columns x the tile's rows with the 128-byte swizzle, bound to call pointers 0, 1, 2;
     a packed batch's as batch 1 over the packed rows."""
+    return [tensor_map(problem, batch_strides(x, problem.varlen), rows, heads, box_rows, index=i)
+            for i, (x, rows, heads, box_rows) in enumerate(((q, problem.seq_q, problem.heads, cfg.block_m),
+                                                            (k, problem.seq_kv, problem.kv_heads, cfg.block_n),
+                                                            (v, problem.seq_kv, problem.kv_heads, cfg.block_n)))]
+
+
+def tensor_map(problem: FwdProblem, strides, rows: int, heads: int, box_rows: int, *, index: int):
+    """One 16-bit [batch, seq, heads, head_dim] operand of the TMA attention kernels as a rank-4 (head_dim, seq,
+    heads, batch) map: boxes of 64 columns x ``box_rows`` rows, 128-byte swizzle (one copy = one 64-column block
+    of wgmma's blocked layout), bound to call pointer ``index``; ``strides``: its (batch, seq, head) element
+    strides (``batch_strides``). A packed batch is batch 1 over the packed rows."""
     from cukernels import tma
 
-    out = []
-    for i, (x, rows, heads, box_rows) in enumerate(((q, problem.seq_q, problem.heads, cfg.block_m),
-                                                     (k, problem.seq_kv, problem.kv_heads, cfg.block_n),
-                                                     (v, problem.seq_kv, problem.kv_heads, cfg.block_n))):
-        sb, ss, sh = batch_strides(x, problem.varlen)
-        dims = (problem.head_dim, rows, heads, 1 if problem.varlen else problem.batch)
-        # an axis of length 1 is never stepped along: any valid stride describes it
-        strides = tuple(2 * st if st > 0 else 2 * problem.head_dim for st in (ss, sh, sb))
-        out.append(tma.TensorMap(2, dims, strides, (64, box_rows, 1, 1), swizzle=128, index=i))
-    return out
+    sb, ss, sh = strides
+    dims = (problem.head_dim, rows, heads, 1 if problem.varlen else problem.batch)
+    # an axis of length 1 is never stepped along: any valid stride describes it
+    st = tuple(2 * int(x) if x > 0 else 2 * problem.head_dim for x in (ss, sh, sb))
+    return tma.TensorMap(2, dims, st, (64, box_rows, 1, 1), swizzle=128, index=index)
 
 
 def _window_bounds(problem: FwdProblem) -> tuple[int, int]:
@@ -345,8 +351,7 @@ class ForwardCall:
             tiling.check_fits(cfg, spec)  # a plan handed in must fit this device like a planned one
             if cfg.head_dim != problem.head_dim:
                 raise ValueError(f"plan is for head_dim {cfg.head_dim}, the inputs have {problem.head_dim}")
-            if isinstance(cfg, FwdTmaConfig) and (why := tma_unusable(problem)):
-                raise ValueError(f"plan {cfg} needs tensor maps, which cannot serve these inputs: {why}")
+            check_servable(cfg, problem)
             dtype = dtypes.from_name(problem.dtype)
             kern = _compile.kernel(KERNELS / cfg.source, cfg.name_expression(dtype=dtype, mask=problem.mask))
             B, Sq, H, D, Skv = problem.batch, problem.seq_q, problem.heads, problem.head_dim, problem.seq_kv

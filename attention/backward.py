@@ -25,7 +25,7 @@ from cukernels import dtypes, launch, tiling
 
 from . import api
 from .bwd_configs import BwdConfig, BwdTmaConfig, plan_backward
-from .configs import MASK_SEGMENTS, FwdProblem, tma_unusable
+from .configs import MASK_SEGMENTS, FwdProblem, check_servable
 
 KERNEL_SOURCE = Path(__file__).parent / "kernels" / "flash_bwd.cu"
 _SEQ_PAD = 128  # lse2 / D rows are padded to a multiple of every block_m
@@ -93,8 +93,7 @@ class BackwardCall:
             if not isinstance(cfg, BwdConfig) or cfg.head_dim != problem.head_dim:
                 raise ValueError(f"plan must hold a BwdConfig for head_dim {problem.head_dim}, got {cfg}")
             tiling.check_fits(cfg, spec)
-            if isinstance(cfg, BwdTmaConfig) and (why := tma_unusable(problem)):
-                raise ValueError(f"plan {cfg} needs tensor maps, which cannot serve these inputs: {why}")
+            check_servable(cfg, problem)
             dtype = dtypes.from_name(problem.dtype)
             ct, mask = dtypes.ctype(dtype), problem.mask
             B, Sq, H, D = problem.batch, problem.seq_q, problem.heads, problem.head_dim
@@ -210,13 +209,9 @@ def _tensor_maps(problem: FwdProblem, cfg: BwdTmaConfig, strides, deterministic:
     from cukernels import tma
 
     B, D, H = 1 if problem.varlen else problem.batch, problem.head_dim, problem.heads
-    maps = []
-    for index, (sb, ss, sh), rows, heads, box in zip(
-            (1, 2, 3, 0), strides, (problem.seq_q, problem.seq_kv, problem.seq_kv, problem.seq_q),
-            (H, problem.kv_heads, problem.kv_heads, H), (cfg.block_m, cfg.block_n, cfg.block_n, cfg.block_m)):
-        # an axis of length 1 is never stepped along: any valid stride describes it
-        st = tuple(2 * int(x) if x > 0 else 2 * D for x in (ss, sh, sb))
-        maps.append(tma.TensorMap(2, (D, rows, heads, B), st, (64, box, 1, 1), swizzle=128, index=index))
+    maps = [api.tensor_map(problem, st, rows, heads, box, index=index) for index, st, rows, heads, box in zip(
+        (1, 2, 3, 0), strides, (problem.seq_q, problem.seq_kv, problem.seq_kv, problem.seq_q),
+        (H, problem.kv_heads, problem.kv_heads, H), (cfg.block_m, cfg.block_n, cfg.block_n, cfg.block_m))]
     if deterministic:
         return [*maps, maps[1]]
     acc = (4 * H * D, 4 * D, 4 * problem.seq_q * H * D)

@@ -24,8 +24,8 @@ from pathlib import Path
 from cukernels import dtypes, tiling, tune
 from cukernels.device import DeviceSpec
 
-from .configs import (HEAD_DIMS, MASK_KINDS, MASK_VARLEN, MASK_WINDOW, MIN_COMPUTE_CAPABILITY, FwdProblem,
-                      tma_unusable)
+from .configs import (HEAD_DIMS, MASK_VARLEN, MASK_WINDOW, MIN_COMPUTE_CAPABILITY, FwdProblem,
+                      check_mask, servable, tma_unusable)
 
 OP = "attention.bwd"
 
@@ -94,8 +94,7 @@ class BwdConfig:
         return self.dq_block_n
 
     def name_expression(self, *, dtype, mask: int = 0, kernel: str = "dkdv", dq: bool = True) -> str:
-        if mask not in MASK_KINDS:
-            raise ValueError(f"mask must be one of {MASK_KINDS}, got {mask}")
+        check_mask(mask)
         t = dtypes.ctype(dtype)
         if kernel == "dkdv":
             return (f"flash_bwd_dkdv<{t},{self.head_dim},{self.block_m},{self.block_n},{self.warps},"
@@ -163,8 +162,7 @@ class BwdWgmmaConfig(BwdConfig):
     def name_expression(self, *, dtype, mask: int = 0, kernel: str = "dkdv", dq: bool = True) -> str:
         if kernel != "dkdv":
             return super().name_expression(dtype=dtype, mask=mask, kernel=kernel, dq=dq)
-        if mask not in MASK_KINDS:
-            raise ValueError(f"mask must be one of {MASK_KINDS}, got {mask}")
+        check_mask(mask)
         t, flag = dtypes.ctype(dtype), "true" if dq else "false"
         if self.pair:
             return f"flash_bwd_dkdv_wgmma_pair<{t},{self.head_dim},{self.block_m},{self.stages},{mask},{flag}>"
@@ -190,6 +188,7 @@ class BwdTmaConfig(BwdConfig):
 
     source = "flash_bwd_tma.cu"
     needs_arch = "sm_90a"
+    tensor_maps = True  # q/k/v/dO and the dQ accumulator through TMA: see configs.servable()
 
     def __post_init__(self):
         if self.head_dim not in (64, 128):
@@ -206,8 +205,7 @@ class BwdTmaConfig(BwdConfig):
     def name_expression(self, *, dtype, mask: int = 0, kernel: str = "dkdv", dq: bool = True) -> str:
         if kernel != "dkdv":
             return super().name_expression(dtype=dtype, mask=mask, kernel=kernel, dq=dq)
-        if mask not in MASK_KINDS:
-            raise ValueError(f"mask must be one of {MASK_KINDS}, got {mask}")
+        check_mask(mask)
         return (f"flash_bwd_tma<{dtypes.ctype(dtype)},{self.head_dim},{self.block_m},{self.stages},{mask},"
                 f"{'true' if dq else 'false'}>")
 
@@ -270,7 +268,7 @@ def plan_backward(problem: FwdProblem, spec: DeviceSpec, *, deterministic: bool 
     no_tma = tma_unusable(problem)
     tuned = None if deterministic else tune.lookup(OP, problem, spec, files=tune_files(),
                                                    types=(BwdConfig, BwdWgmmaConfig, BwdTmaConfig))
-    if tuned is not None and not (no_tma and isinstance(tuned.config, BwdTmaConfig)):  # tuned here (--tune)
+    if tuned is not None and servable([tuned.config], problem):  # tuned on this GPU (--tune --backward)
         return tuned
     raw = spec.overrides.get(OP, {}).get(f"head_dim_{problem.head_dim}")
     if raw is not None:
@@ -279,12 +277,9 @@ def plan_backward(problem: FwdProblem, spec: DeviceSpec, *, deterministic: bool 
     kv_ctas = problem.kv_heads * problem.kv_tiles(128)
     reason = (f"largest spill-free backward tiles for head_dim {problem.head_dim} that fit ({kv_ctas} dK/dV CTAs at "
               f"128 kv rows)")
-    space = search_space(problem.head_dim)
-    if no_tma:
-        space = [c for c in space if not isinstance(c, BwdTmaConfig)]
-        if spec.arch == "sm_90a" and problem.head_dim != 256:
-            reason += f" (no TMA tile: {no_tma})"
-    return tiling.choose(space, spec, reason=reason)
+    if no_tma and spec.arch == "sm_90a" and problem.head_dim != 256:
+        reason += f" (no TMA tile: {no_tma})"
+    return tiling.choose(servable(search_space(problem.head_dim), problem), spec, reason=reason)
 
 
 # ---------------------------------------------------------------- tuning (cukernels/tune.py)
@@ -306,6 +301,11 @@ def candidates(problem: FwdProblem, spec: DeviceSpec) -> list[BwdConfig]:
     heuristic choice first (the profile's override where there is one), then every other tile of the search space
     that fits the device, in preference order."""
     chosen = tune.heuristic(plan_backward, problem, spec).config
-    no_tma = tma_unusable(problem)
-    return [chosen, *(c for c in search_space(problem.head_dim) if c != chosen and tiling.fits(c, spec) is None
-                      and not (no_tma and isinstance(c, BwdTmaConfig)))]
+    return [chosen, *(c for c in servable(search_space(problem.head_dim), problem)
+                      if c != chosen and tiling.fits(c, spec) is None)]
+
+
+def tma_tiles(spec: DeviceSpec, head_dim: int) -> list[BwdTmaConfig]:
+    """The warp-specialised TMA backward tiles of ``head_dim`` that fit ``spec`` (none off sm_90a or at head dim
+    256): what tests and the sanitizer force one by one."""
+    return [c for c in search_space(head_dim) if isinstance(c, BwdTmaConfig) and tiling.fits(c, spec) is None]

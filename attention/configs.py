@@ -59,8 +59,7 @@ class FwdConfig:
         return 2 * self.head_dim * (self.block_m + 2 * self.stages * self.block_n)
 
     def name_expression(self, *, dtype, mask: int = 0) -> str:
-        if mask not in MASK_KINDS:
-            raise ValueError(f"mask must be one of {MASK_KINDS}, got {mask}")
+        check_mask(mask)
         return (f"flash_fwd<{dtypes.ctype(dtype)},{self.head_dim},{self.block_m},{self.block_n},"
                 f"{self.warps},{self.stages},{mask}>")
 
@@ -106,8 +105,7 @@ class FwdWgmmaConfig:
         return 2 * self.head_dim * (self.block_m + 2 * self.stages * self.block_n) + 1024
 
     def name_expression(self, *, dtype, mask: int = 0) -> str:
-        if mask not in MASK_KINDS:
-            raise ValueError(f"mask must be one of {MASK_KINDS}, got {mask}")
+        check_mask(mask)
         return (f"flash_fwd_wgmma<{dtypes.ctype(dtype)},{self.head_dim},{self.block_n},{self.warpgroups},"
                 f"{self.stages},{mask}>")
 
@@ -130,6 +128,7 @@ class FwdTmaConfig:
 
     source = "flash_fwd_tma.cu"
     needs_arch = "sm_90a"
+    tensor_maps = True  # q/k/v through TMA: see servable()
     block_m = 128
     threads = 384
 
@@ -145,8 +144,7 @@ class FwdTmaConfig:
         return 2 * self.head_dim * (self.block_m + 2 * self.stages * self.block_n) + 1024 + 8 * (1 + 4 * self.stages)
 
     def name_expression(self, *, dtype, mask: int = 0) -> str:
-        if mask not in MASK_KINDS:
-            raise ValueError(f"mask must be one of {MASK_KINDS}, got {mask}")
+        check_mask(mask)
         pp = "true" if self.pingpong else "false"
         return f"flash_fwd_tma<{dtypes.ctype(dtype)},{self.head_dim},{self.block_n},{self.stages},{pp},{mask}>"
 
@@ -244,7 +242,7 @@ def plannable(spec: DeviceSpec, head_dim: int) -> list[FwdConfig]:
     if tuned is not None:
         found.append(tuned.config)
     space = search_space(head_dim)
-    no_tma = [c for c in space if not isinstance(c, FwdTmaConfig)]  # without cuda-bindings, or a stride 0
+    no_tma = [c for c in space if not needs_tensor_maps(c)]  # without cuda-bindings, or a stride 0
     for order in (space, no_tma, sorted(space, key=lambda c: c.block_m != 64)):
         fitting = [c for c in order if tiling.fits(c, spec) is None]
         if fitting and fitting[0] not in found:
@@ -260,6 +258,30 @@ def tma_unusable(problem: FwdProblem) -> str | None:
     if not problem.tma_layout:
         return "a q/k/v (or dO) stride of 0 along an axis longer than 1 (tensor maps need positive strides)"
     return tma.available()
+
+
+def needs_tensor_maps(config) -> bool:
+    """Whether ``config``'s kernel takes its inputs as tensor maps (``tensor_maps = True`` on the class: the
+    warp-specialised TMA tiles of the forward and the backward)."""
+    return getattr(config, "tensor_maps", False)
+
+
+def servable(configs, problem: FwdProblem) -> list:
+    """``configs`` without the tensor-map tiles when they cannot run ``problem`` here (``tma_unusable``)."""
+    if tma_unusable(problem) is None:
+        return list(configs)
+    return [c for c in configs if not needs_tensor_maps(c)]
+
+
+def check_servable(config, problem: FwdProblem) -> None:
+    """A plan handed in with a tensor-map tile that cannot run ``problem`` here: ValueError naming why."""
+    if needs_tensor_maps(config) and (why := tma_unusable(problem)):
+        raise ValueError(f"plan {config} needs tensor maps, which cannot serve these inputs: {why}")
+
+
+def check_mask(mask: int) -> None:
+    if mask not in MASK_KINDS:
+        raise ValueError(f"mask must be one of {MASK_KINDS}, got {mask}")
 
 
 def tma_tiles(spec: DeviceSpec, head_dim: int) -> list[FwdTmaConfig]:
@@ -293,17 +315,14 @@ def plan_forward(problem: FwdProblem, spec: DeviceSpec) -> tiling.Plan:
     tuned = tune.lookup(TUNE_OP, problem, spec, files=tune_files(), types=(FwdConfig, FwdWgmmaConfig, FwdTmaConfig))
     if tuned is None:  # no config tuned on this GPU (--tune): the profile's override or the heuristic
         tuned = _override(problem, spec)
-    if tuned is not None and not (no_tma and isinstance(tuned.config, FwdTmaConfig)):
+    if tuned is not None and servable([tuned.config], problem):
         return tuned
-    candidates = search_space(problem.head_dim)
+    candidates = servable(search_space(problem.head_dim), problem)
     ctas_128 = problem.heads * problem.query_tiles(128)
     reason = f"fastest spill-free tile for head_dim {problem.head_dim} that fits"
-    if no_tma:
-        candidates = [c for c in candidates if not isinstance(c, FwdTmaConfig)]
-        if spec.arch == "sm_90a":
-            reason += f" (no TMA tile: {no_tma})"
-    tma_first = not no_tma and any(isinstance(c, FwdTmaConfig) and tiling.fits(c, spec) is None
-                                   for c in candidates)
+    if no_tma and spec.arch == "sm_90a":
+        reason += f" (no TMA tile: {no_tma})"
+    tma_first = any(needs_tensor_maps(c) and tiling.fits(c, spec) is None for c in candidates)
     if tma_first:
         reason = "warp-specialised TMA tile (first on sm_90a, any grid); " + reason
     elif ctas_128 < spec.sm_count:
@@ -337,6 +356,5 @@ def candidates(problem: FwdProblem, spec: DeviceSpec) -> list:
     heuristic choice first (the profile's override where there is one), then every other tile of the search space
     that fits the device, in the planner's preference order."""
     chosen = tune.heuristic(plan_forward, problem, spec).config
-    no_tma = tma_unusable(problem)
-    return [chosen, *(c for c in search_space(problem.head_dim) if c != chosen and tiling.fits(c, spec) is None
-                      and not (no_tma and isinstance(c, FwdTmaConfig)))]
+    return [chosen, *(c for c in servable(search_space(problem.head_dim), problem)
+                      if c != chosen and tiling.fits(c, spec) is None)]

@@ -151,12 +151,11 @@ TMA_CASES = [CASES[i] for i in (0, 1, 3, 7, 12, 14, 18, 23, 25)]
 
 
 def _tma_plans(dim):
-    from attention.bwd_configs import BwdTmaConfig, search_space
+    from attention.bwd_configs import tma_tiles
     from cukernels import device, tune
 
     spec = device.current()
-    return [tune.explicit(c, spec) for c in search_space(dim)
-            if isinstance(c, BwdTmaConfig) and tiling.fits(c, spec) is None]
+    return [tune.explicit(c, spec) for c in tma_tiles(spec, dim)]
 
 
 @pytest.mark.parametrize("case", TMA_CASES, ids=[IDS[CASES.index(c)] for c in TMA_CASES])

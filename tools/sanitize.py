@@ -89,8 +89,7 @@ def tma_backward_cases():
     cu = cupy.asarray(np.array([0, 100, 101, 400], dtype=np.int32))
     for d, dt, kw in _ATTENTION_SHAPES[:2]:
         q, k, v, do, ids = _attention_inputs(d, dt, 400, 450)
-        tiles = [c for c in bwd_configs.search_space(d) if isinstance(c, bwd_configs.BwdTmaConfig)]
-        for c in tiles:
+        for c in bwd_configs.tma_tiles(spec, d):
             plan = tune.explicit(c, spec)
             for seg in (None, ids):
                 o, lse = flash_attention(q, k, v, segment_ids=seg, return_lse=True, **kw)

@@ -1,5 +1,6 @@
 // The per-step products of the Hopper dK/dV kernels in which each warpgroup owns 64 KV rows
-// (flash_bwd_dkdv_wgmma in flash_bwd_sm90.cu, fed by cp.async; flash_bwd_tma, fed by TMA from a producer warp).
+// (flash_bwd_dkdv_wgmma in flash_bwd_sm90.cu, fed by cp.async; flash_bwd_tma, fed by TMA from a producer warp);
+// the head-dim-256 pair kernel calls issue_dkdv, store_ds_t and issue_dq on its head-dim halves.
 // Tiles are in shared memory as 64-element blocks of 128-byte rows with the 128-byte swizzle (wgmma.cuh): K and V
 // of BLOCK_N rows, Q and dO of BLOCK_M rows, dS^T of BLOCK_N rows x BLOCK_M columns. For one warpgroup and one
 // (q head, query tile), with S^T and dP^T [64 kv rows x BLOCK_M queries] in the m64nBLOCK_M accumulator layout:

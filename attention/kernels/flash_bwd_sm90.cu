@@ -343,10 +343,8 @@ flash_bwd_dkdv_wgmma_pair(const T* __restrict__ q, const T* __restrict__ k, cons
                 p_pk[j][1] = pack2<T>(p[2], p[3]);
                 ds_pk[j][0] = pack2<T>(p[0] * (acc[j][0] - d.x), p[1] * (acc[j][1] - d.y));
                 ds_pk[j][1] = pack2<T>(p[2] * (acc[j][2] - d.x), p[3] * (acc[j][3] - d.y));
-                *reinterpret_cast<unsigned*>(ds_base + wgmma::blocked_offset<BLOCK_N>(wrow + g, j) + 4 * t) = ds_pk[j][0];
-                *reinterpret_cast<unsigned*>(ds_base + wgmma::blocked_offset<BLOCK_N>(wrow + g + 8, j) + 4 * t) =
-                    ds_pk[j][1];
             }
+            store_ds_t<BLOCK_N, MT>(ds_base, ds_pk, wrow + g, t);
         }
         wgmma::fence_proxy_async();
         __syncthreads();  // dS^T in place
@@ -361,20 +359,7 @@ flash_bwd_dkdv_wgmma_pair(const T* __restrict__ q, const T* __restrict__ k, cons
 
         // this warpgroup's head-dim half: dV += P^T dO, dK += dS^T Q
         const unsigned half_off = wg * (HALF / 64) * (BLOCK_M * 128);
-        const unsigned long long do_desc = wgmma::desc_mn_major(do_st + half_off, BLOCK_M * 128);
-        const unsigned long long q_desc = wgmma::desc_mn_major(q_st + half_off, BLOCK_M * 128);
-        wgmma::fence();
-#pragma unroll
-        for (int kq = 0; kq < BLOCK_M / 16; ++kq) {
-            const unsigned a[4] = {p_pk[2 * kq][0], p_pk[2 * kq][1], p_pk[2 * kq + 1][0], p_pk[2 * kq + 1][1]};
-            wgmma::mma_rs_bt<T, HALF>(dv_acc, a, wgmma::advance(do_desc, kq * 16 * 128));
-        }
-#pragma unroll
-        for (int kq = 0; kq < BLOCK_M / 16; ++kq) {
-            const unsigned a[4] = {ds_pk[2 * kq][0], ds_pk[2 * kq][1], ds_pk[2 * kq + 1][0], ds_pk[2 * kq + 1][1]};
-            wgmma::mma_rs_bt<T, HALF>(dk_acc, a, wgmma::advance(q_desc, kq * 16 * 128));
-        }
-        wgmma::commit();
+        issue_dkdv<T, HALF, BLOCK_M>(dv_acc, dk_acc, p_pk, ds_pk, q_st + half_off, do_st + half_off);
 
         if constexpr (DQ) {
             wgmma::wait<0>();  // P^T / dS^T registers free before the dQ accumulators go live (no spills)
@@ -386,17 +371,7 @@ flash_bwd_dkdv_wgmma_pair(const T* __restrict__ q, const T* __restrict__ k, cons
             for (int c = 0; c < HALF / DQ_N; ++c) {
                 const int col0 = wg * HALF + c * DQ_N;  // head-dim column of this pass
                 float dq[DQ_N / 2];
-#pragma unroll
-                for (int i = 0; i < DQ_N / 2; ++i) dq[i] = 0.f;
-                const unsigned long long ds_desc = wgmma::desc_mn_major(sdS, BLOCK_N * 128);
-                const unsigned long long k_desc =
-                    wgmma::desc_mn_major(sK + (col0 / 64) * (BLOCK_N * 128) + (col0 % 64) * 2, BLOCK_N * 128);
-                wgmma::fence();
-#pragma unroll
-                for (int kn = 0; kn < BLOCK_N / 16; ++kn)
-                    wgmma::mma_ss_tt<T, DQ_N>(dq, wgmma::advance(ds_desc, kn * 16 * 128),
-                                              wgmma::advance(k_desc, kn * 16 * 128));
-                wgmma::commit();
+                issue_dq<T, BLOCK_N, DQ_N>(dq, sdS, sK + (col0 / 64) * (BLOCK_N * 128) + (col0 % 64) * 2);
                 wgmma::wait<0>();
                 float* base = dq_accum + (((long long)b * seq_q + r0) * heads + h) * HEAD_DIM + col0 + 2 * t;
 #pragma unroll
