@@ -153,10 +153,10 @@ class BackwardCall:
                     (P(1), P(2), P(3), P(0), P(9), P(10), P(6), P(12), P(13), P(16), P(17), *tail),
                     smem=cfg.dq_smem_bytes()))
             else:
-                pairs = q_rows * H * D // 2
+                quads = q_rows * H * D // 4  # head dims are multiples of 64
                 conv = _compile.kernel(KERNEL_SOURCE, f"flash_bwd_dq_convert<{ct}>")
-                self.steps.append(launch.Launcher(conv, (min(-(-pairs // 256), 32 * spec.sm_count),), (256,),
-                                                  (P(11), P(6), np.int64(pairs), np.float32(scale))))
+                self.steps.append(launch.Launcher(conv, (min(-(-quads // 256), 32 * spec.sm_count),), (256,),
+                                                  (P(11), P(6), np.int64(quads), np.float32(scale))))
 
     def __call__(self, ptrs: tuple[int, ...], lse, segment_ids):
         """``ptrs``: do, q, k, v, o data pointers."""

@@ -176,10 +176,13 @@ class BwdWgmmaConfig(BwdConfig):
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
 class BwdTmaConfig(BwdConfig):
-    """The warp-specialised Hopper dK/dV kernel (kernels/flash_bwd_tma.cu, ``flash_bwd_tma``, sm_90a only, head
-    dims 64 and 128): a producer warp loads K and V once and Q, dO, lse2, D per step by TMA into a ``stages``-deep
-    mbarrier ring; two consumer warpgroups of 64 KV rows each (``block_n`` = 128) run the products of
-    ``BwdWgmmaConfig``'s kernel, and dQ goes through shared memory into the fp32 accumulator by TMA reductions.
+    """The Hopper dK/dV kernels fed by TMA (kernels/flash_bwd_tma.cu, sm_90a only). Head dims 64 and 128
+    (``flash_bwd_tma``, warp-specialised): a producer warp loads K and V once and Q, dO, lse2, D per step by TMA
+    into a ``stages``-deep mbarrier ring; two consumer warpgroups of 64 KV rows each (``block_n`` = 128) run the
+    products of ``BwdWgmmaConfig``'s kernel, and dQ goes through shared memory into the fp32 accumulator by TMA
+    reductions. Head dim 256 (``flash_bwd_tma_pair``, ``pair``): two warpgroups share one 64-row KV tile (block_m
+    64), splitting S^T / dP^T by query columns and dK / dV / dQ by head-dim halves, with the same TMA ring
+    (refilled by thread 0: no producer warpgroup) and dQ reductions.
     Needs cuda-bindings and q/k/v/dO strides a tensor map can describe (``FwdProblem.tma_layout``).
     Deterministic mode pairs its instance without dQ with flash_bwd.cu's dQ kernel."""
 
@@ -190,15 +193,27 @@ class BwdTmaConfig(BwdConfig):
     needs_arch = "sm_90a"
     tensor_maps = True  # q/k/v/dO and the dQ accumulator through TMA: see configs.servable()
 
+    @property
+    def pair(self) -> bool:
+        """Head dim 256: two warpgroups share one 64-row KV tile (flash_bwd_tma_pair)."""
+        return self.head_dim == 256
+
     def __post_init__(self):
-        if self.head_dim not in (64, 128):
-            raise ValueError(f"the TMA backward serves head dims 64 and 128, got {self.head_dim}")
-        if self.block_m not in (64, 128) or (self.head_dim == 128 and self.block_m != 64):
-            raise ValueError(f"block_m must be 64 or 128 (64 at head dim 128: registers), got {self.block_m}")
-        self._check_stages_and_dq((2, 3))
+        if self.head_dim not in HEAD_DIMS:
+            raise ValueError(f"head_dim must be one of {HEAD_DIMS}, got {self.head_dim}")
+        if self.block_m not in (64, 128) or (self.head_dim != 64 and self.block_m != 64):
+            raise ValueError(f"block_m must be 64 or 128 (64 at head dims 128 and 256: registers), got "
+                             f"{self.block_m}")
+        if self.pair:
+            object.__setattr__(self, "block_n", 64)
+            object.__setattr__(self, "warps", 8)  # two warpgroups, no producer warpgroup
+        self._check_stages_and_dq((2,) if self.pair else (2, 3))
 
     def dkdv_smem_bytes(self) -> int:
         d, m, n, s = self.head_dim, self.block_m, self.block_n, self.stages
+        if self.pair:  # K, V, the Q/dO ring, dS^T and P^T, two fp32 dQ staging boxes (64 x 32), lse2/D, barriers
+            boxes = 2 * 64 * 32 * 4
+            return 2 * (2 * n * d + 2 * s * m * d + 2 * n * m) + boxes + 2 * 4 * s * m + 8 * (1 + 2 * s) + 1024
         # K, V, the Q/dO ring, two dS^T tiles, the fp32 dQ staging boxes, lse2/D, the barriers, 1 KiB alignment
         return 2 * (2 * n * d + 2 * s * m * d + 2 * n * m) + 4 * m * d + 2 * 4 * s * m + 8 * (1 + 2 * s) + 1024
 
@@ -206,12 +221,13 @@ class BwdTmaConfig(BwdConfig):
         if kernel != "dkdv":
             return super().name_expression(dtype=dtype, mask=mask, kernel=kernel, dq=dq)
         check_mask(mask)
-        return (f"flash_bwd_tma<{dtypes.ctype(dtype)},{self.head_dim},{self.block_m},{self.stages},{mask},"
+        name = "flash_bwd_tma_pair" if self.pair else "flash_bwd_tma"
+        return (f"{name}<{dtypes.ctype(dtype)},{self.head_dim},{self.block_m},{self.stages},{mask},"
                 f"{'true' if dq else 'false'}>")
 
     def __str__(self) -> str:
-        return (f"BwdTmaConfig(d{self.head_dim} m{self.block_m} n128 s{self.stages} | dq m{self.dq_block_m} "
-                f"n{self.dq_block_n})")
+        return (f"BwdTmaConfig(d{self.head_dim} m{self.block_m} n{self.block_n} s{self.stages}"
+                f"{' pair' if self.pair else ''} | dq m{self.dq_block_m} n{self.dq_block_n})")
 
 
 # (block_m, block_n, warps, stages, dq_block_m, dq_block_n), preference order per head dim. Registers bound
@@ -239,7 +255,7 @@ _WGMMA_CANDIDATES = {
 _TMA_CANDIDATES = {
     64: ((128, 2, 64, 64), (64, 2, 64, 64), (64, 3, 64, 64)),
     128: ((64, 2, 64, 64), (64, 3, 64, 64)),
-    256: (),
+    256: ((64, 2, 64, 32),),
 }
 
 
@@ -277,7 +293,7 @@ def plan_backward(problem: FwdProblem, spec: DeviceSpec, *, deterministic: bool 
     kv_ctas = problem.kv_heads * problem.kv_tiles(128)
     reason = (f"largest spill-free backward tiles for head_dim {problem.head_dim} that fit ({kv_ctas} dK/dV CTAs at "
               f"128 kv rows)")
-    if no_tma and spec.arch == "sm_90a" and problem.head_dim != 256:
+    if no_tma and spec.arch == "sm_90a":
         reason += f" (no TMA tile: {no_tma})"
     return tiling.choose(servable(search_space(problem.head_dim), problem), spec, reason=reason)
 
@@ -306,6 +322,6 @@ def candidates(problem: FwdProblem, spec: DeviceSpec) -> list[BwdConfig]:
 
 
 def tma_tiles(spec: DeviceSpec, head_dim: int) -> list[BwdTmaConfig]:
-    """The warp-specialised TMA backward tiles of ``head_dim`` that fit ``spec`` (none off sm_90a or at head dim
-    256): what tests and the sanitizer force one by one."""
+    """The TMA backward tiles of ``head_dim`` that fit ``spec`` (none off sm_90a): what tests and the sanitizer
+    force one by one."""
     return [c for c in search_space(head_dim) if isinstance(c, BwdTmaConfig) and tiling.fits(c, spec) is None]

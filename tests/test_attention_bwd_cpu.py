@@ -271,20 +271,20 @@ def test_reference_forward_matches_forward_engineers_reference():
 
 
 def test_tma_backward_only_where_tensor_maps_can_serve(monkeypatch):
-    """On sm_90a the TMA dK/dV kernel comes first at head dims 64 and 128; a stride-0 axis (a broadcast dO) or no
-    cuda-bindings takes the cp.async wgmma kernel and says why; head dim 256 and other GPUs never get it."""
+    """On sm_90a the TMA dK/dV kernels come first at every head dim (the pair kernel at 256); a stride-0 axis (a
+    broadcast dO) or no cuda-bindings takes the cp.async wgmma kernel and says why; other GPUs never get them."""
     from attention.bwd_configs import BwdTmaConfig, BwdWgmmaConfig
     from cukernels import tma
 
     h100, a100 = device.profile("h100_sxm"), device.profile("a100_80gb")
     base = dict(batch=2, seq_q=4096, seq_kv=4096, heads=16, kv_heads=8, causal=True)
     monkeypatch.setattr(tma, "available", lambda: None)
-    for d in (64, 128):
-        assert isinstance(plan_backward(FwdProblem(**base, head_dim=d), h100).config, BwdTmaConfig)
+    for d in (64, 128, 256):
+        cfg = plan_backward(FwdProblem(**base, head_dim=d), h100).config
+        assert isinstance(cfg, BwdTmaConfig) and cfg.pair == (d == 256)
         plan = plan_backward(FwdProblem(**base, head_dim=d, tma_layout=False), h100)
         assert isinstance(plan.config, BwdWgmmaConfig) and "stride of 0" in plan.reason
         assert not isinstance(plan_backward(FwdProblem(**base, head_dim=d), a100).config, BwdTmaConfig)
-    assert not isinstance(plan_backward(FwdProblem(**base, head_dim=256), h100).config, BwdTmaConfig)
     monkeypatch.setattr(tma, "available", lambda: "no cuda-bindings here")
     plan = plan_backward(FwdProblem(**base, head_dim=128), h100)
     assert not isinstance(plan.config, BwdTmaConfig) and "no cuda-bindings here" in plan.reason
@@ -297,11 +297,15 @@ def test_every_tma_backward_tile_fits_hopper():
 
     for key in ("h100_sxm", "h200"):
         spec = device.profile(key)
-        for d in (64, 128):
+        for d in (64, 128, 256):
             tiles = [c for c in search_space(d) if isinstance(c, BwdTmaConfig)]
             assert tiles and all(tiling.fits(c, spec) is None for c in tiles), [str(c) for c in tiles]
-    with pytest.raises(ValueError, match="head dims 64 and 128"):
-        BwdTmaConfig(head_dim=256, block_m=64)
+    pair = BwdTmaConfig(head_dim=256, block_m=64, dq_block_n=32)
+    assert (pair.block_n, pair.warps, pair.threads) == (64, 8, 256)
+    with pytest.raises(ValueError, match="stages"):
+        BwdTmaConfig(head_dim=256, block_m=64, stages=3)  # 3 stages of 64 x 256 Q and dO do not fit
+    with pytest.raises(ValueError, match="block_m"):
+        BwdTmaConfig(head_dim=256, block_m=128)
     with pytest.raises(ValueError, match="block_m"):
         BwdTmaConfig(head_dim=128, block_m=128)
 

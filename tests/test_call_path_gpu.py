@@ -219,6 +219,36 @@ def test_autograd_matches_the_float64_reference():
         assert err < 5e-3, err
 
 
+_FRESH_PROCESS = """
+import torch
+import attention.torch as at
+q, k, v = (torch.randn(1, 64, 2, 64, device="cuda", dtype=torch.float16, requires_grad=True) for _ in range(3))
+do = torch.randn(1, 64, 2, 64, device="cuda", dtype=torch.float16)
+grads = torch.autograd.grad(at.flash_attention(q, k, v, causal=True), (q, k, v), do)
+q32, k32, v32 = (x.detach().float().requires_grad_() for x in (q, k, v))
+ref = torch.nn.functional.scaled_dot_product_attention(*(x.transpose(1, 2) for x in (q32, k32, v32)), is_causal=True)
+refs = torch.autograd.grad(ref.transpose(1, 2), (q32, k32, v32), do.float())
+print(max(float((g.float() - r).norm() / r.norm()) for g, r in zip(grads, refs)))
+"""
+
+
+def test_backward_as_the_first_cuda_work_of_autograds_thread():
+    """A fresh process whose first backward is ours: torch's autograd engine runs it on its own device thread,
+    which has no current CUDA context yet (the driver-API launch must make one current, not fail with
+    CUDA_ERROR_INVALID_CONTEXT)."""
+    _torch()
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    root = str(Path(__file__).resolve().parents[1])
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, (root, os.environ.get("PYTHONPATH")))))
+    r = subprocess.run([sys.executable, "-c", _FRESH_PROCESS], capture_output=True, text=True, env=env, timeout=600)
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert float(r.stdout.split()[-1]) < 5e-3, r.stdout
+
+
 def test_custom_ops_pass_opcheck():
     torch = _torch()
     import attention.torch as at

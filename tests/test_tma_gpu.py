@@ -75,3 +75,28 @@ def test_strided_source():
     run, _ = _copy(rows, cols, stride, 0)
     dst, plain = run(full)
     assert bool(cupy.array_equal(dst, full[:, :cols])) and bool(cupy.array_equal(plain, full[:, :cols]))
+
+
+@pytest.mark.parametrize("dtype,dims,strides,box,swizzle", [
+    ("bfloat16", (64, 1024, 8, 4), (1024, 128, 1024 * 1024), (64, 128, 1, 1), 128),
+    ("float32", (128, 300, 4, 2), (2048, 512, 300 * 2048), (32, 64, 1, 1), 128),
+    (2, (200, 300), (400,), (64, 32), 0),
+])
+def test_ctypes_encoder_writes_the_bytes_cuda_bindings_writes(dtype, dims, strides, box, swizzle):
+    """The fast encoder (ctypes, straight into the parameter buffer) and cuda-bindings' wrapper give the same
+    128-byte map for the same layout and address."""
+    import ctypes
+
+    import cupy
+
+    if tma._c_encoder() is None:
+        pytest.skip("libcuda.so.1 cannot be opened through ctypes here")
+    buf = cupy.empty(1 << 22, dtype=cupy.uint8)
+    for address in (buf.data.ptr, buf.data.ptr + 4096):
+        fast = tma.TensorMap(dtype, dims, strides, box, swizzle=swizzle)
+        fast.bind(address)
+        d = tma._driver()
+        a = fast._encode_args()
+        err, m = d.cuTensorMapEncodeTiled(a[0], a[1], address, *a[2:])
+        assert err == d.CUresult.CUDA_SUCCESS
+        assert ctypes.string_at(fast.address, 128) == ctypes.string_at(m.getPtr(), 128)

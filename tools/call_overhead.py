@@ -22,7 +22,7 @@ def _rows(rounds: int):
     import attention
     import attention.torch as at
     import moe
-    from cukernels import dtypes, timing
+    from cukernels import dtypes
 
     calls = []
 
@@ -76,6 +76,11 @@ def _rows(rounds: int):
                 o = F.scaled_dot_product_attention(hq, hk, hv, is_causal=True)
             return torch.autograd.grad(o, (hq, hk, hv), hdo)
         measure(f"torch SDPA {label} fwd+bwd", sdpa_fb, "autograd")
+
+    def sdpa_plain_fb():  # as users call it: torch picks the backend, no context manager (which costs host time)
+        o = F.scaled_dot_product_attention(hq, hk, hv, is_causal=True)
+        return torch.autograd.grad(o, (hq, hk, hv), hdo)
+    measure("torch SDPA (its own backend choice) fwd+bwd", sdpa_plain_fb, "autograd")
 
     # MoE parts and layer, 16 tokens
     logits = cupy.random.default_rng(0).standard_normal((16, 64), dtype=cupy.float32)

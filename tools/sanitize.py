@@ -87,7 +87,7 @@ def tma_backward_cases():
     if spec.arch != "sm_90a" or tma.available() is not None:
         return
     cu = cupy.asarray(np.array([0, 100, 101, 400], dtype=np.int32))
-    for d, dt, kw in _ATTENTION_SHAPES[:2]:
+    for d, dt, kw in _ATTENTION_SHAPES:
         q, k, v, do, ids = _attention_inputs(d, dt, 400, 450)
         for c in bwd_configs.tma_tiles(spec, d):
             plan = tune.explicit(c, spec)

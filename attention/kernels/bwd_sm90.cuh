@@ -116,6 +116,11 @@ __device__ __forceinline__ void issue_dq(float (&dq)[DQ_N / 2], unsigned ds_rows
     wgmma::commit();
 }
 
+// Two fp32 adds into global memory (the dQ accumulator), no return value.
+__device__ __forceinline__ void red_add_v2(float* addr, float a, float b) {
+    asm volatile("red.global.add.v2.f32 [%0], {%1, %2};\n" ::"l"(addr), "f"(a), "f"(b) : "memory");
+}
+
 // dV and dK * scale (accumulators of NT 8-column tiles, rows kv_row and kv_row + 8, columns 8 j + 2 t (+1)
 // from the given row pointers) rounded to T; rows past seq_kv are not written.
 template <typename T, int NT>

@@ -26,10 +26,6 @@
 
 using namespace attn;
 
-__device__ __forceinline__ void red_add_v2(float* addr, float a, float b) {
-    asm volatile("red.global.add.v2.f32 [%0], {%1, %2};\n" ::"l"(addr), "f"(a), "f"(b) : "memory");
-}
-
 // The Q / dO / lse2 / D ring of a dK/dV CTA: operator()(it, stage) loads step `it` (its q head of the group and
 // query tile, from `tiles`) into ring stage `stage`: Q and dO rows [m0, m0 + BLOCK_M) blocked and swizzled (rows
 // past seq_q zero-filled) and the BLOCK_M lse2 / D values (padded arrays: always in bounds).

@@ -35,6 +35,37 @@
 
 using namespace attn;
 
+// The ring's barriers (thread 0, before the CTA's first __syncthreads): K/V's (one arrival plus bytes), and per
+// stage `full` (the loads landed) and `empty` (every consumer warp, `warps` of them, is done with the stage).
+__device__ __forceinline__ void init_ring(unsigned kv_bar, unsigned full, unsigned empty, int stages, int warps) {
+    tma::mbar_init(kv_bar, 1);
+    for (int s = 0; s < stages; ++s) {
+        tma::mbar_init(full + 8 * s, 1);
+        tma::mbar_init(empty + 8 * s, warps);
+    }
+    tma::fence_mbar_init();
+}
+
+// A warpgroup's 64 x DQ_N slice of dQ (wgmma accumulator layout: rows r and r + 8, columns 8 jn + 2 t (+1)) into
+// staging boxes of 64 rows x 32 fp32 columns in the dQ map's 128-byte-swizzled box layout (16-byte chunk k of row
+// r at k ^ (r % 8): conflict-free float2 stores); box c holds columns [32 c, +32).
+template <int DQ_N>
+__device__ __forceinline__ void stage_dq(unsigned boxes, const float (&dq)[DQ_N / 2], int r, int t) {
+    constexpr int DQ_BOX = 64 * 32 * 4;
+#pragma unroll
+    for (int jn = 0; jn < DQ_N / 8; ++jn) {
+        const int col = 8 * jn + 2 * t;
+        const unsigned box = boxes + (col / 32) * DQ_BOX, ch = (col % 32) / 4, in = (col % 4) * 4;
+#pragma unroll
+        for (int hh = 0; hh < 2; ++hh) {
+            const int rr = r + 8 * hh;
+            const unsigned addr = box + rr * 128 + ((ch ^ (rr & 7)) << 4) + in;
+            asm volatile("st.shared.v2.f32 [%0], {%1, %2};\n" ::"r"(addr), "f"(dq[4 * jn + 2 * hh]),
+                         "f"(dq[4 * jn + 2 * hh + 1]));
+        }
+    }
+}
+
 template <typename T, int HEAD_DIM, int BLOCK_M, int STAGES, int MASK, bool DQ>
 __global__ void __launch_bounds__(384, 1)
 flash_bwd_tma(const __grid_constant__ tma::TensorMap q_map, const __grid_constant__ tma::TensorMap k_map,
@@ -75,12 +106,7 @@ flash_bwd_tma(const __grid_constant__ tma::TensorMap q_map, const __grid_constan
         tma::prefetch_map(v_map);
         tma::prefetch_map(do_map);
         if constexpr (DQ) tma::prefetch_map(dq_map);
-        tma::mbar_init(kv_bar, 1);
-        for (int s = 0; s < STAGES; ++s) {
-            tma::mbar_init(full + 8 * s, 1);
-            tma::mbar_init(empty + 8 * s, 8);  // one arrival per consumer warp
-        }
-        tma::fence_mbar_init();
+        init_ring(kv_bar, full, empty, STAGES, 8);  // eight consumer warps
     }
     __syncthreads();
 
@@ -225,19 +251,7 @@ flash_bwd_tma(const __grid_constant__ tma::TensorMap q_map, const __grid_constan
             // 16-byte chunk k of row r at k ^ (r % 8)), once the previous reduction has read them
             if (tg == 0) tma::store_wait_read();
             ws::bar_sync(2 + cw, 128);
-            const int r = 16 * (warp & 3) + g;
-#pragma unroll
-            for (int jn = 0; jn < DQ_N / 8; ++jn) {
-                const int col = 8 * jn + 2 * t;  // within the slice
-                const unsigned box = dq_boxes + (col / 32) * DQ_BOX, ch = (col % 32) / 4, in = (col % 4) * 4;
-#pragma unroll
-                for (int hh = 0; hh < 2; ++hh) {
-                    const int rr = r + 8 * hh;
-                    const unsigned addr = box + rr * 128 + ((ch ^ (rr & 7)) << 4) + in;
-                    asm volatile("st.shared.v2.f32 [%0], {%1, %2};\n" ::"r"(addr), "f"(dq[4 * jn + 2 * hh]),
-                                 "f"(dq[4 * jn + 2 * hh + 1]));
-                }
-            }
+            stage_dq<DQ_N>(dq_boxes, dq, 16 * (warp & 3) + g, t);
             tma::fence_proxy_async_shared();
             ws::bar_sync(2 + cw, 128);
             if (tg == 0) {
@@ -259,4 +273,268 @@ flash_bwd_tma(const __grid_constant__ tma::TensorMap q_map, const __grid_constan
 
     const long long out = (((long long)b * seq_kv + kv_row) * kv_heads + kvh) * HEAD_DIM + 2 * t;
     store_dkdv<T, DT>(dv_acc, dk_acc, dv + out, dk + out, 8LL * kv_heads * HEAD_DIM, kv_row, seq_kv, scale);
+}
+
+// Head dim 256 (flash_bwd_tma_pair). Two dK and dV accumulators of 64 x 256 fp32 do not fit one warpgroup, so
+// the two warpgroups of a 256-thread CTA share one 64-row KV tile and split the work twice:
+//   by query columns for S^T = K Q^T and dP^T = V dO^T (warpgroup w takes queries [32 w, +32) of the 64-row
+//     query tile: two m64n32 products), its masks, P^T and dS^T, which it stores (rounded to T) into the shared
+//     P^T and dS^T tiles; after a barrier it reads the other warpgroup's half of both back into registers;
+//   by head-dim halves for dV += P^T dO, dK += dS^T Q (each warpgroup accumulates columns [128 w, +128) of both,
+//     A from registers: its own query half first, so its k-steps walk dO / Q rows from 32 w round) and for
+//     dQ = dS K (the dS^T tile and K from shared memory, 32-column passes through the warpgroup's fp32 staging
+//     box added into the accumulator by cp.reduce.async.bulk.tensor, as flash_bwd_tma).
+// No producer warpgroup (a consumer at 240 registers would spill): thread 0 loads K and V once and refills each
+// ring stage (Q, dO by tensor maps, lse2 and D by bulk copies) once all eight warps have freed it, STAGES steps
+// ahead of the consumers. Before a step's P^T / dS^T stores a barrier makes sure that the other warpgroup is done
+// with the previous step's (its reads and its dQ products). Grid and CTA order as flash_bwd_tma.
+//
+// Shared memory (1024-byte aligned): K, V (64 x 256), STAGES x Q, STAGES x dO (64 x 256), dS^T and P^T (64 x 64),
+// two fp32 dQ staging boxes (64 rows x 32 columns), STAGES x lse2 and D, the barriers kv_bar, full[], empty[].
+template <typename T, int HEAD_DIM, int BLOCK_M, int STAGES, int MASK, bool DQ>
+__global__ void __launch_bounds__(256, 1)
+flash_bwd_tma_pair(const __grid_constant__ tma::TensorMap q_map, const __grid_constant__ tma::TensorMap k_map,
+                   const __grid_constant__ tma::TensorMap v_map, const __grid_constant__ tma::TensorMap do_map,
+                   const __grid_constant__ tma::TensorMap dq_map, const float* __restrict__ lse2,
+                   const float* __restrict__ dsum, T* __restrict__ dk, T* __restrict__ dv,
+                   const int* __restrict__ q_ids, const int* __restrict__ kv_ids, const int2* __restrict__ q_tile_ids,
+                   const int2* __restrict__ kv_tile_ids, int seq_q, int seq_kv, int seq_pad, int heads, int kv_group,
+                   int window_left, int window_right, float scale_log2, float scale, int batch, int head_chunk) {
+    constexpr int BLOCK_N = 64;
+    constexpr int QH = BLOCK_M / 2;     // query columns of S^T per warpgroup
+    constexpr int QT = QH / 8;          // their 8-column tiles
+    constexpr int HALF = HEAD_DIM / 2;  // head-dim columns of dK / dV / dQ per warpgroup
+    constexpr int HT = HALF / 8;
+    constexpr int BLOCKS = HEAD_DIM / 64;
+    constexpr int DQ_N = 32;  // one staging box per pass: 16 accumulators
+    constexpr int DQ_BOX = 64 * 32 * 4;
+    constexpr bool WINDOW = (MASK & BWD_MASK_WINDOW) != 0;
+    constexpr bool SEGMENTS = (MASK & BWD_MASK_SEGMENTS) != 0;
+    constexpr bool VARLEN = (MASK & MASK_VARLEN) != 0;
+    constexpr int KV_BYTES = BLOCK_N * HEAD_DIM * 2, Q_BYTES = BLOCK_M * HEAD_DIM * 2, DS_BYTES = BLOCK_N * BLOCK_M * 2;
+    static_assert(HEAD_DIM == 256 && BLOCK_M == 64, "the pair kernel serves head dim 256 with 64-row query tiles");
+
+    extern __shared__ __align__(1024) unsigned char smem_raw[];
+    const unsigned raw0 = smem_addr(smem_raw);
+    const unsigned sK = (raw0 + 1023) & ~1023u;  // smem_bytes() reserves the slack
+    unsigned char* smem = smem_raw + (sK - raw0);
+    const unsigned sV = sK + KV_BYTES, sQ = sV + KV_BYTES, sdO = sQ + STAGES * Q_BYTES, sdS = sdO + STAGES * Q_BYTES;
+    const unsigned sP = sdS + DS_BYTES, sBox = sP + DS_BYTES, sL = sBox + 2 * DQ_BOX, sD = sL + STAGES * BLOCK_M * 4;
+    const unsigned kv_bar = sD + STAGES * BLOCK_M * 4, full = kv_bar + 8, empty = full + 8 * STAGES;
+    unsigned char* ds_base = smem + (sdS - sK);
+    unsigned char* p_base = smem + (sP - sK);
+    const float* lse_s = reinterpret_cast<const float*>(smem + (sL - sK));
+    const float* d_s = reinterpret_cast<const float*>(smem + (sD - sK));
+
+    const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, wg = warp >> 2, tg = tid & 127;
+    const int g = lane >> 2, t = lane & 3;
+    if (tid == 0) {
+        tma::prefetch_map(q_map);
+        tma::prefetch_map(k_map);
+        tma::prefetch_map(v_map);
+        tma::prefetch_map(do_map);
+        if constexpr (DQ) tma::prefetch_map(dq_map);
+        init_ring(kv_bar, full, empty, STAGES, 8);  // all eight warps
+    }
+    __syncthreads();
+
+    int b = blockIdx.z;
+    int nb, kvh;
+    kv_block_coords(nb, kvh, head_chunk);
+    const int kv_heads = gridDim.y;
+    int q_row0 = 0, kv_row0 = 0;  // a packed sequence's first rows in the maps
+    if constexpr (VARLEN) {
+        int tile;
+        if (!varlen_tile<BLOCK_N>(kv_ids, batch, seq_kv, nb, b, tile)) return;
+        const VarlenSeq sq = varlen_seq(q_ids, b, seq_q), sk = varlen_seq(kv_ids, b, seq_kv);
+        nb = tile;
+        q_row0 = sq.start;
+        kv_row0 = sk.start;
+        seq_q = sq.len;
+        seq_kv = sk.len;
+        dk += (long long)sk.start * kv_heads * HEAD_DIM;
+        dv += (long long)sk.start * kv_heads * HEAD_DIM;
+        lse2 += varlen_pad_start(sq.start, b);  // seq_pad: the padded total, the head stride
+        dsum += varlen_pad_start(sq.start, b);
+        b = 0;
+    }
+    const int n0 = nb * BLOCK_N;
+    const int shift = seq_kv - seq_q;
+    QTileRange<BLOCK_M, BLOCK_N, WINDOW, SEGMENTS> tiles(n0, seq_q, seq_kv, window_left, window_right, q_tile_ids,
+                                                         kv_tile_ids, b, nb, gridDim.x, kv_group);
+    tiles.rot = tiles.n_m > 0 ? nb % tiles.n_m : 0;  // as flash_bwd_tma: CTAs of one head start at other rows
+    const int h0 = kvh * kv_group;  // the group's first q head
+
+    // thread 0 fills the ring: step `it` (the jj-th visible one) into stage jj % STAGES once its last use is over
+    auto load_step = [&](int it, int jj) {
+        const int s = jj % STAGES;
+        const int h = h0 + tiles.head_in_group(it), m0 = tiles.m_block(it) * BLOCK_M;
+        tma::mbar_wait(empty + 8 * s, ((jj / STAGES) & 1) ^ 1);
+        tma::mbar_arrive_expect_tx(full + 8 * s, 2 * Q_BYTES + 2 * BLOCK_M * 4);
+#pragma unroll
+        for (int c = 0; c < BLOCKS; ++c) {
+            tma::load_4d(sQ + s * Q_BYTES + c * (BLOCK_M * 128), q_map, full + 8 * s, 64 * c, q_row0 + m0, h, b);
+            tma::load_4d(sdO + s * Q_BYTES + c * (BLOCK_M * 128), do_map, full + 8 * s, 64 * c, q_row0 + m0, h, b);
+        }
+        const long long row = ((long long)b * heads + h) * seq_pad + m0;
+        tma::load_1d(sL + s * BLOCK_M * 4, lse2 + row, BLOCK_M * 4, full + 8 * s);
+        tma::load_1d(sD + s * BLOCK_M * 4, dsum + row, BLOCK_M * 4, full + 8 * s);
+    };
+    int it_load = tiles.next_visible(0), j_load = 0;  // thread 0's next step to load
+    if (tid == 0) {
+        tma::mbar_arrive_expect_tx(kv_bar, 2 * KV_BYTES);
+#pragma unroll
+        for (int c = 0; c < BLOCKS; ++c) {
+            tma::load_4d(sK + c * (BLOCK_N * 128), k_map, kv_bar, 64 * c, kv_row0 + n0, kvh, b);
+            tma::load_4d(sV + c * (BLOCK_N * 128), v_map, kv_bar, 64 * c, kv_row0 + n0, kvh, b);
+        }
+        for (; j_load < STAGES && it_load < tiles.total; ++j_load, it_load = tiles.next_visible(it_load + 1))
+            load_step(it_load, j_load);
+    }
+    __syncwarp();  // warp 0 converged again before its wgmma (.aligned) instructions
+
+    const int wrow = 16 * (warp & 3);  // both warpgroups: kv rows wrow + g, wrow + g + 8 of the tile
+    const int kv_row = n0 + wrow + g;
+    const int qc = QH * wg;  // this warpgroup's query columns of S^T: [qc, qc + QH)
+    int kvid[2] = {0, 0};
+    if constexpr (SEGMENTS) {
+        kvid[0] = kv_ids[(long long)b * seq_kv + min(kv_row, seq_kv - 1)];
+        kvid[1] = kv_ids[(long long)b * seq_kv + min(kv_row + 8, seq_kv - 1)];
+    }
+    const unsigned box = sBox + wg * DQ_BOX;
+    float dv_acc[HT * 4], dk_acc[HT * 4];
+#pragma unroll
+    for (int i = 0; i < HT * 4; ++i) dv_acc[i] = dk_acc[i] = 0.f;
+
+    tma::mbar_wait(kv_bar, 0);  // always: the CTA may not exit with K's and V's copies in flight
+    int j = 0;
+    for (int it = tiles.next_visible(0); it < tiles.total; it = tiles.next_visible(it + 1), ++j) {
+        const int st = j % STAGES;
+        const int h = h0 + tiles.head_in_group(it), mb = tiles.m_block(it), m0 = mb * BLOCK_M;
+        const unsigned q_st = sQ + st * Q_BYTES, do_st = sdO + st * Q_BYTES;
+        tma::mbar_wait(full + 8 * st, (j / STAGES) & 1);
+
+        // S^T = K Q^T and dP^T = V dO^T for this warpgroup's query columns (two groups)
+        float s[QT][4], dp[QT][4];
+        float(&s_flat)[QT * 4] = reinterpret_cast<float(&)[QT * 4]>(s);
+        float(&dp_flat)[QT * 4] = reinterpret_cast<float(&)[QT * 4]>(dp);
+#pragma unroll
+        for (int i = 0; i < QT * 4; ++i) s_flat[i] = dp_flat[i] = 0.f;
+        wgmma::fence_operands(s_flat);
+        wgmma::fence_operands(dp_flat);
+        {
+            const unsigned long long k_desc = wgmma::desc_k_major(sK), v_desc = wgmma::desc_k_major(sV);
+            const unsigned long long q_desc = wgmma::desc_k_major(q_st + qc * 128);
+            const unsigned long long do_desc = wgmma::desc_k_major(do_st + qc * 128);
+            wgmma::fence();
+#pragma unroll
+            for (int kk = 0; kk < HEAD_DIM / 16; ++kk)
+                wgmma::mma_ss<T, QH>(s_flat, wgmma::advance(k_desc, (kk >> 2) * (BLOCK_N * 128) + (kk & 3) * 32),
+                                     wgmma::advance(q_desc, (kk >> 2) * (BLOCK_M * 128) + (kk & 3) * 32));
+            wgmma::commit();
+#pragma unroll
+            for (int kk = 0; kk < HEAD_DIM / 16; ++kk)
+                wgmma::mma_ss<T, QH>(dp_flat, wgmma::advance(v_desc, (kk >> 2) * (BLOCK_N * 128) + (kk & 3) * 32),
+                                     wgmma::advance(do_desc, (kk >> 2) * (BLOCK_M * 128) + (kk & 3) * 32));
+            wgmma::commit();
+        }
+        wgmma::wait<1>();
+        wgmma::fence_operands(s_flat);
+        if (tiles.needs_mask(mb))
+            mask_scores_t<QT, WINDOW, SEGMENTS>(s, m0 + qc, kv_row, seq_q, seq_kv, shift, window_left, window_right,
+                                                q_ids + (long long)b * seq_q, kvid, t);
+        unsigned p_own[QT][2], ds_own[QT][2], p_oth[QT][2], ds_oth[QT][2];
+        form_p<T, QT>(s, p_own, lse_s + st * BLOCK_M + qc, scale_log2, t);
+        wgmma::wait<0>();
+        wgmma::fence_operands(dp_flat);
+        form_ds<T, QT>(s, dp, ds_own, d_s + st * BLOCK_M + qc, t);
+
+        // hand the halves over: the other warpgroup is done with the previous step's tiles first
+        ws::bar_sync(2, 256);
+#pragma unroll
+        for (int i = 0; i < QT; ++i) {
+#pragma unroll
+            for (int hh = 0; hh < 2; ++hh) {
+                const int off = wgmma::blocked_offset<BLOCK_N>(wrow + g + 8 * hh, qc / 8 + i) + 4 * t;
+                *reinterpret_cast<unsigned*>(p_base + off) = p_own[i][hh];
+                *reinterpret_cast<unsigned*>(ds_base + off) = ds_own[i][hh];
+            }
+        }
+        wgmma::fence_proxy_async();  // dS^T is the dQ product's operand
+        ws::bar_sync(1, 256);
+#pragma unroll
+        for (int i = 0; i < QT; ++i) {
+#pragma unroll
+            for (int hh = 0; hh < 2; ++hh) {
+                const int off = wgmma::blocked_offset<BLOCK_N>(wrow + g + 8 * hh, (QH - qc) / 8 + i) + 4 * t;
+                p_oth[i][hh] = *reinterpret_cast<const unsigned*>(p_base + off);
+                ds_oth[i][hh] = *reinterpret_cast<const unsigned*>(ds_base + off);
+            }
+        }
+
+        // this warpgroup's head-dim half: dV += P^T dO, dK += dS^T Q over all 64 queries, its own half first
+        // (k-step kq covers queries 16 ((kq + 2 wg) % 4) + [0, 16))
+        {
+            const unsigned half_off = wg * (HALF / 64) * (BLOCK_M * 128);
+            const unsigned long long do_desc = wgmma::desc_mn_major(do_st + half_off, BLOCK_M * 128);
+            const unsigned long long q_desc = wgmma::desc_mn_major(q_st + half_off, BLOCK_M * 128);
+            wgmma::fence_operands(dv_acc);
+            wgmma::fence_operands(dk_acc);
+            wgmma::fence();
+#pragma unroll
+            for (int kq = 0; kq < 4; ++kq) {
+                const unsigned(&p)[QT][2] = kq < 2 ? p_own : p_oth;
+                const int i = 2 * (kq & 1);
+                const unsigned a[4] = {p[i][0], p[i][1], p[i + 1][0], p[i + 1][1]};
+                wgmma::mma_rs_bt<T, HALF>(dv_acc, a, wgmma::advance(do_desc, ((kq + 2 * wg) & 3) * 16 * 128));
+            }
+#pragma unroll
+            for (int kq = 0; kq < 4; ++kq) {
+                const unsigned(&d)[QT][2] = kq < 2 ? ds_own : ds_oth;
+                const int i = 2 * (kq & 1);
+                const unsigned a[4] = {d[i][0], d[i][1], d[i + 1][0], d[i + 1][1]};
+                wgmma::mma_rs_bt<T, HALF>(dk_acc, a, wgmma::advance(q_desc, ((kq + 2 * wg) & 3) * 16 * 128));
+            }
+            wgmma::commit();
+        }
+        wgmma::wait<0>();  // P^T / dS^T registers free before the dQ accumulators go live; Q, dO read
+        wgmma::fence_operands(dv_acc);
+        wgmma::fence_operands(dk_acc);
+        __syncwarp();
+        if (lane == 0) tma::mbar_arrive(empty + 8 * st);  // Q, dO, lse2, D of this stage are no longer read
+        if (tid == 0 && it_load < tiles.total) {  // refill the stage STAGES steps ahead
+            load_step(it_load, j_load);
+            ++j_load;
+            it_load = tiles.next_visible(it_load + 1);
+        }
+        __syncwarp();
+
+        if constexpr (DQ) {
+            // dQ columns [HALF wg + DQ_N c, +DQ_N) of the query tile = dS K (A = dS^T, B = K, both MN-major),
+            // through this warpgroup's staging box (chunk k of row r at k ^ (r % 8), as flash_bwd_tma)
+#pragma unroll 1
+            for (int c = 0; c < HALF / DQ_N; ++c) {
+                const int col0 = wg * HALF + c * DQ_N;
+                float dq[DQ_N / 2];
+                issue_dq<T, BLOCK_N, DQ_N>(dq, sdS, sK + (col0 / 64) * (BLOCK_N * 128) + (col0 % 64) * 2);
+                if (tg == 0) tma::store_wait_read();  // the previous pass's reduction has read the box
+                wgmma::wait<0>();
+                wgmma::fence_operands(dq);
+                ws::bar_sync(3 + wg, 128);
+                stage_dq<DQ_N>(box, dq, wrow + g, t);
+                tma::fence_proxy_async_shared();
+                ws::bar_sync(3 + wg, 128);
+                if (tg == 0) {
+                    tma::reduce_add_4d(dq_map, box, col0, q_row0 + m0, h, b);
+                    tma::store_commit();
+                }
+            }
+        }
+    }
+    if constexpr (DQ) {
+        if (tg == 0) tma::store_wait_all();  // the staging box stays valid until the last reduction is done
+    }
+
+    const long long out = (((long long)b * seq_kv + kv_row) * kv_heads + kvh) * HEAD_DIM + wg * HALF + 2 * t;
+    store_dkdv<T, HT>(dv_acc, dk_acc, dv + out, dk + out, 8LL * kv_heads * HEAD_DIM, kv_row, seq_kv, scale);
 }
