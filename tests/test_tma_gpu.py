@@ -89,8 +89,6 @@ def test_ctypes_encoder_writes_the_bytes_cuda_bindings_writes(dtype, dims, strid
 
     import cupy
 
-    if tma._c_encoder() is None:
-        pytest.skip("libcuda.so.1 cannot be opened through ctypes here")
     buf = cupy.empty(1 << 22, dtype=cupy.uint8)
     for address in (buf.data.ptr, buf.data.ptr + 4096):
         fast = tma.TensorMap(dtype, dims, strides, box, swizzle=swizzle)

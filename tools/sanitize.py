@@ -43,16 +43,26 @@ def attention_cases():
     tma_cases()
 
 
+def _tma_device():
+    """(device spec, cu_seqlens of a packed batch of three sequences, 100 / 1 / 299 tokens) where the TMA kernels
+    run (sm_90a with cuda-bindings), else (None, None)."""
+    from cukernels import tma
+
+    spec = device.current()
+    if spec.arch != "sm_90a" or tma.available() is not None:
+        return None, None
+    return spec, cupy.asarray(np.array([0, 100, 101, 400], dtype=np.int32))
+
+
 def tma_cases():
     """The warp-specialised TMA forward (sm_90a with cuda-bindings), forced with each of its tiles: every mask
     kind, more KV tiles than stages, and a packed batch whose tiles reach into the next sequence."""
     from attention import configs, flash_attention, flash_attention_varlen
-    from cukernels import tma, tune
+    from cukernels import tune
 
-    spec = device.current()
-    if spec.arch != "sm_90a" or tma.available() is not None:
+    spec, cu = _tma_device()
+    if spec is None:
         return
-    cu = cupy.asarray(np.array([0, 100, 101, 400], dtype=np.int32))
     for d, dt, kw in _ATTENTION_SHAPES:
         q, k, v, _, seg = _attention_inputs(d, dt, 400, 700)
         qp, kp = q[0], k[0, :400]
@@ -81,12 +91,11 @@ def tma_backward_cases():
     next sequence."""
     from attention import bwd_configs, flash_attention, flash_attention_backward
     from attention.varlen import flash_attention_varlen, flash_attention_varlen_backward
-    from cukernels import tma, tune
+    from cukernels import tune
 
-    spec = device.current()
-    if spec.arch != "sm_90a" or tma.available() is not None:
+    spec, cu = _tma_device()
+    if spec is None:
         return
-    cu = cupy.asarray(np.array([0, 100, 101, 400], dtype=np.int32))
     for d, dt, kw in _ATTENTION_SHAPES:
         q, k, v, do, ids = _attention_inputs(d, dt, 400, 450)
         for c in bwd_configs.tma_tiles(spec, d):

@@ -18,11 +18,13 @@
 
 namespace attn {
 
-template <typename T, int HEAD_DIM, int BLOCK_M, int BLOCK_N>
-__device__ __forceinline__ void issue_sdp(float (&s)[BLOCK_M / 2], float (&dp)[BLOCK_M / 2], unsigned k_wg,
-                                          unsigned v_wg, unsigned q_st, unsigned do_st) {
+// N: the query columns taken (a wgmma N; BLOCK_M, or fewer from q_st / do_st pointing at a later row of the tile:
+// the head-dim-256 TMA kernel splits the query tile between its warpgroups).
+template <typename T, int HEAD_DIM, int BLOCK_M, int BLOCK_N, int N = BLOCK_M>
+__device__ __forceinline__ void issue_sdp(float (&s)[N / 2], float (&dp)[N / 2], unsigned k_wg, unsigned v_wg,
+                                          unsigned q_st, unsigned do_st) {
 #pragma unroll
-    for (int i = 0; i < BLOCK_M / 2; ++i) s[i] = dp[i] = 0.f;
+    for (int i = 0; i < N / 2; ++i) s[i] = dp[i] = 0.f;
     wgmma::fence_operands(s);
     wgmma::fence_operands(dp);
     // one descriptor per operand, advanced by constants per k-step (registers: see wgmma::advance)
@@ -31,13 +33,13 @@ __device__ __forceinline__ void issue_sdp(float (&s)[BLOCK_M / 2], float (&dp)[B
     wgmma::fence();
 #pragma unroll
     for (int kk = 0; kk < HEAD_DIM / 16; ++kk)
-        wgmma::mma_ss<T, BLOCK_M>(s, wgmma::advance(k_desc, (kk >> 2) * (BLOCK_N * 128) + (kk & 3) * 32),
-                                  wgmma::advance(q_desc, (kk >> 2) * (BLOCK_M * 128) + (kk & 3) * 32));
+        wgmma::mma_ss<T, N>(s, wgmma::advance(k_desc, (kk >> 2) * (BLOCK_N * 128) + (kk & 3) * 32),
+                            wgmma::advance(q_desc, (kk >> 2) * (BLOCK_M * 128) + (kk & 3) * 32));
     wgmma::commit();
 #pragma unroll
     for (int kk = 0; kk < HEAD_DIM / 16; ++kk)
-        wgmma::mma_ss<T, BLOCK_M>(dp, wgmma::advance(v_desc, (kk >> 2) * (BLOCK_N * 128) + (kk & 3) * 32),
-                                  wgmma::advance(do_desc, (kk >> 2) * (BLOCK_M * 128) + (kk & 3) * 32));
+        wgmma::mma_ss<T, N>(dp, wgmma::advance(v_desc, (kk >> 2) * (BLOCK_N * 128) + (kk & 3) * 32),
+                            wgmma::advance(do_desc, (kk >> 2) * (BLOCK_M * 128) + (kk & 3) * 32));
     wgmma::commit();
 }
 
@@ -69,22 +71,25 @@ __device__ __forceinline__ void form_ds(const float (&p)[MT][4], const float (&d
     }
 }
 
+// rot: the query row that p_pk / ds_pk start at (their k-step kq covers query rows rot + 16 kq, modulo BLOCK_M; 0
+// but in the head-dim-256 TMA kernel, whose warpgroups hold their own query half first).
 template <typename T, int HEAD_DIM, int BLOCK_M>
 __device__ __forceinline__ void issue_dkdv(float (&dv)[HEAD_DIM / 2], float (&dk)[HEAD_DIM / 2],
                                            const unsigned (&p_pk)[BLOCK_M / 8][2],
-                                           const unsigned (&ds_pk)[BLOCK_M / 8][2], unsigned q_st, unsigned do_st) {
+                                           const unsigned (&ds_pk)[BLOCK_M / 8][2], unsigned q_st, unsigned do_st,
+                                           int rot = 0) {
     const unsigned long long do_desc = wgmma::desc_mn_major(do_st, BLOCK_M * 128);
     const unsigned long long q_desc = wgmma::desc_mn_major(q_st, BLOCK_M * 128);
     wgmma::fence();
 #pragma unroll
     for (int kq = 0; kq < BLOCK_M / 16; ++kq) {
         const unsigned a[4] = {p_pk[2 * kq][0], p_pk[2 * kq][1], p_pk[2 * kq + 1][0], p_pk[2 * kq + 1][1]};
-        wgmma::mma_rs_bt<T, HEAD_DIM>(dv, a, wgmma::advance(do_desc, kq * 16 * 128));
+        wgmma::mma_rs_bt<T, HEAD_DIM>(dv, a, wgmma::advance(do_desc, ((rot + kq * 16) & (BLOCK_M - 1)) * 128));
     }
 #pragma unroll
     for (int kq = 0; kq < BLOCK_M / 16; ++kq) {
         const unsigned a[4] = {ds_pk[2 * kq][0], ds_pk[2 * kq][1], ds_pk[2 * kq + 1][0], ds_pk[2 * kq + 1][1]};
-        wgmma::mma_rs_bt<T, HEAD_DIM>(dk, a, wgmma::advance(q_desc, kq * 16 * 128));
+        wgmma::mma_rs_bt<T, HEAD_DIM>(dk, a, wgmma::advance(q_desc, ((rot + kq * 16) & (BLOCK_M - 1)) * 128));
     }
     wgmma::commit();
 }

@@ -418,32 +418,16 @@ flash_bwd_tma_pair(const __grid_constant__ tma::TensorMap q_map, const __grid_co
         float s[QT][4], dp[QT][4];
         float(&s_flat)[QT * 4] = reinterpret_cast<float(&)[QT * 4]>(s);
         float(&dp_flat)[QT * 4] = reinterpret_cast<float(&)[QT * 4]>(dp);
-#pragma unroll
-        for (int i = 0; i < QT * 4; ++i) s_flat[i] = dp_flat[i] = 0.f;
-        wgmma::fence_operands(s_flat);
-        wgmma::fence_operands(dp_flat);
-        {
-            const unsigned long long k_desc = wgmma::desc_k_major(sK), v_desc = wgmma::desc_k_major(sV);
-            const unsigned long long q_desc = wgmma::desc_k_major(q_st + qc * 128);
-            const unsigned long long do_desc = wgmma::desc_k_major(do_st + qc * 128);
-            wgmma::fence();
-#pragma unroll
-            for (int kk = 0; kk < HEAD_DIM / 16; ++kk)
-                wgmma::mma_ss<T, QH>(s_flat, wgmma::advance(k_desc, (kk >> 2) * (BLOCK_N * 128) + (kk & 3) * 32),
-                                     wgmma::advance(q_desc, (kk >> 2) * (BLOCK_M * 128) + (kk & 3) * 32));
-            wgmma::commit();
-#pragma unroll
-            for (int kk = 0; kk < HEAD_DIM / 16; ++kk)
-                wgmma::mma_ss<T, QH>(dp_flat, wgmma::advance(v_desc, (kk >> 2) * (BLOCK_N * 128) + (kk & 3) * 32),
-                                     wgmma::advance(do_desc, (kk >> 2) * (BLOCK_M * 128) + (kk & 3) * 32));
-            wgmma::commit();
-        }
+        issue_sdp<T, HEAD_DIM, BLOCK_M, BLOCK_N, QH>(s_flat, dp_flat, sK, sV, q_st + qc * 128, do_st + qc * 128);
         wgmma::wait<1>();
         wgmma::fence_operands(s_flat);
         if (tiles.needs_mask(mb))
             mask_scores_t<QT, WINDOW, SEGMENTS>(s, m0 + qc, kv_row, seq_q, seq_kv, shift, window_left, window_right,
                                                 q_ids + (long long)b * seq_q, kvid, t);
-        unsigned p_own[QT][2], ds_own[QT][2], p_oth[QT][2], ds_oth[QT][2];
+        // P^T and dS^T rounded to T for all 64 queries: this warpgroup's half in tiles [0, QT), the other's after
+        unsigned p_pk[2 * QT][2], ds_pk[2 * QT][2];
+        unsigned(&p_own)[QT][2] = reinterpret_cast<unsigned(&)[QT][2]>(p_pk[0]);
+        unsigned(&ds_own)[QT][2] = reinterpret_cast<unsigned(&)[QT][2]>(ds_pk[0]);
         form_p<T, QT>(s, p_own, lse_s + st * BLOCK_M + qc, scale_log2, t);
         wgmma::wait<0>();
         wgmma::fence_operands(dp_flat);
@@ -467,36 +451,16 @@ flash_bwd_tma_pair(const __grid_constant__ tma::TensorMap q_map, const __grid_co
 #pragma unroll
             for (int hh = 0; hh < 2; ++hh) {
                 const int off = wgmma::blocked_offset<BLOCK_N>(wrow + g + 8 * hh, (QH - qc) / 8 + i) + 4 * t;
-                p_oth[i][hh] = *reinterpret_cast<const unsigned*>(p_base + off);
-                ds_oth[i][hh] = *reinterpret_cast<const unsigned*>(ds_base + off);
+                p_pk[QT + i][hh] = *reinterpret_cast<const unsigned*>(p_base + off);
+                ds_pk[QT + i][hh] = *reinterpret_cast<const unsigned*>(ds_base + off);
             }
         }
 
         // this warpgroup's head-dim half: dV += P^T dO, dK += dS^T Q over all 64 queries, its own half first
-        // (k-step kq covers queries 16 ((kq + 2 wg) % 4) + [0, 16))
-        {
-            const unsigned half_off = wg * (HALF / 64) * (BLOCK_M * 128);
-            const unsigned long long do_desc = wgmma::desc_mn_major(do_st + half_off, BLOCK_M * 128);
-            const unsigned long long q_desc = wgmma::desc_mn_major(q_st + half_off, BLOCK_M * 128);
-            wgmma::fence_operands(dv_acc);
-            wgmma::fence_operands(dk_acc);
-            wgmma::fence();
-#pragma unroll
-            for (int kq = 0; kq < 4; ++kq) {
-                const unsigned(&p)[QT][2] = kq < 2 ? p_own : p_oth;
-                const int i = 2 * (kq & 1);
-                const unsigned a[4] = {p[i][0], p[i][1], p[i + 1][0], p[i + 1][1]};
-                wgmma::mma_rs_bt<T, HALF>(dv_acc, a, wgmma::advance(do_desc, ((kq + 2 * wg) & 3) * 16 * 128));
-            }
-#pragma unroll
-            for (int kq = 0; kq < 4; ++kq) {
-                const unsigned(&d)[QT][2] = kq < 2 ? ds_own : ds_oth;
-                const int i = 2 * (kq & 1);
-                const unsigned a[4] = {d[i][0], d[i][1], d[i + 1][0], d[i + 1][1]};
-                wgmma::mma_rs_bt<T, HALF>(dk_acc, a, wgmma::advance(q_desc, ((kq + 2 * wg) & 3) * 16 * 128));
-            }
-            wgmma::commit();
-        }
+        const unsigned half_off = wg * (HALF / 64) * (BLOCK_M * 128);
+        wgmma::fence_operands(dv_acc);
+        wgmma::fence_operands(dk_acc);
+        issue_dkdv<T, HALF, BLOCK_M>(dv_acc, dk_acc, p_pk, ds_pk, q_st + half_off, do_st + half_off, qc);
         wgmma::wait<0>();  // P^T / dS^T registers free before the dQ accumulators go live; Q, dO read
         wgmma::fence_operands(dv_acc);
         wgmma::fence_operands(dk_acc);
