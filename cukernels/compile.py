@@ -99,6 +99,13 @@ def _options(source: Path, arch: str, options: Iterable[str]) -> tuple[str, ...]
 # ---------------------------------------------------------------- on a GPU
 
 
+@functools.cache
+def _libcuda():
+    import ctypes
+
+    return ctypes.CDLL("libcuda.so.1")
+
+
 class Kernel:
     """A compiled kernel instance; ``launch`` checks the dynamic shared memory against the device first."""
 
@@ -131,6 +138,19 @@ class Kernel:
             with self._lock:
                 self._raw.max_dynamic_shared_size_bytes = smem
                 self._smem_raised_to = smem
+
+    def blocks_per_sm(self, threads: int, smem: int) -> int:
+        """CTAs of ``threads`` threads and ``smem`` dynamic bytes that one SM holds at once (the driver's occupancy
+        calculator, cuOccupancyMaxActiveBlocksPerMultiprocessor, through ctypes: CuPy does not expose it)."""
+        import ctypes
+
+        self.reserve_smem(smem)
+        n = ctypes.c_int(0)
+        rc = _libcuda().cuOccupancyMaxActiveBlocksPerMultiprocessor(
+            ctypes.byref(n), ctypes.c_void_p(self.handle), ctypes.c_int(threads), ctypes.c_size_t(smem))
+        if rc != 0:
+            raise RuntimeError(f"{self.name_expression}: cuOccupancyMaxActiveBlocksPerMultiprocessor failed ({rc})")
+        return int(n.value)
 
     def launch(self, grid, block, args, *, smem: int = 0, stream=None) -> None:
         """A one-off launch through CuPy (arrays and NumPy scalars as arguments); the ops' hot paths use

@@ -62,7 +62,7 @@ def cases_for(shapes, dtype: str) -> list[bench.Case]:
                 tags=s.tags, flops=2.0 * s.rows * s.n * s.k,
                 bytes=itemsize * (s.rows * s.k + s.experts * s.n * s.k + s.rows * s.n), dtype=dtype))
             continue
-        kinds = _KINDS if s.intermediate else _KINDS[:3] if s.hidden else _KINDS[:1]
+        kinds = ("layer",) if s.layer_only else _KINDS if s.intermediate else _KINDS[:3] if s.hidden else _KINDS[:1]
         for kind in (("route",) if s.route_alone else ()) + kinds:
             params = dict(kind=kind, shape=s.name, tokens=s.tokens, experts=s.experts, top_k=s.top_k,
                           hidden=s.hidden, dtype=dtype)
@@ -105,7 +105,10 @@ def _layer(shape: str, dtype: str) -> MoELayer:
     if key not in _LAYERS:
         import cupy
 
-        _LAYERS.clear()
+        _LAYERS.clear()  # and give its memory back before the next one is made (seed 004's weights are 8.7 GB)
+        cupy.get_default_memory_pool().free_all_blocks()
+        if "torch" in sys.modules:
+            sys.modules["torch"].cuda.empty_cache()
         dt = dtypes.from_name(dtype)
         h, inter = s.hidden, s.intermediate
         router = cupy.random.default_rng(7).standard_normal((h, s.experts), dtype=cupy.float32) / np.sqrt(h)
@@ -376,7 +379,7 @@ def _cublas_supports(case: bench.Case) -> str | None:
 
 
 def _torch_layer(grouped: bool):
-    """torch's MoE layer: router, softmax + top-k, argsort, then a per-expert cuBLAS loop (counts copied to the
+    """torch's MoE layer: router (fp32 logits), softmax + top-k, argsort, then a per-expert cuBLAS loop (counts copied to the
     host, as eager PyTorch MoE code does) or ``torch._grouped_mm``, then a weighted ``index_add``."""
 
     def prepare(case: bench.Case, inputs):
@@ -387,10 +390,26 @@ def _torch_layer(grouped: bool):
         router = dtypes.like_input(layer.router_b[0], True).T
         w_gu, w_down = dtypes.like_input(layer.w_gate_up, True), dtypes.like_input(layer.w_down, True)
 
+        logits = _fp32_logits(router)
+
         def fn():
-            return torch_moe_swiglu(x, x @ router, top_k, w_gu, w_down, grouped=grouped)
+            return torch_moe_swiglu(x, logits(x), top_k, w_gu, w_down, grouped=grouped)
         return fn
     return prepare
+
+
+def _fp32_logits(router):
+    """x @ router accumulated and returned in fp32, as our layer routes on (bf16 logits would round near-tied
+    experts apart and route some tokens elsewhere than the reference): cuBLAS with an fp32 output where torch has
+    ``mm(..., out_dtype=)``, else both operands upcast."""
+    import torch
+
+    try:
+        torch.mm(router.T[:1], router, out_dtype=torch.float32)
+        return lambda x: torch.mm(x, router, out_dtype=torch.float32)
+    except (TypeError, RuntimeError):
+        router32 = router.float()
+        return lambda x: x.float() @ router32
 
 
 def _torch_grouped(case: bench.Case, inputs):
@@ -552,6 +571,9 @@ SUITES = {
           "check",
     "overhead": "a tiny problem (16 tokens) where the host's cost per call is all there is; grades seed 004's "
                 "launch overhead < 50 us",
+    "decode": "decode-sized layers (1, 4, 16, 64, 256 tokens): 64 experts top-8 (hidden 2048, intermediate 1408) "
+              "and seed 004's configuration; the table after the run gives GB/s on the bytes of the experts the "
+              "step touches against the copy bandwidth measured in the same process",
     "all": "every suite above",
 }
 
@@ -593,8 +615,59 @@ def router_share(results, args) -> str:
             + tabulate(rows, headers="keys", tablefmt="github", disable_numparse=True))
 
 
+def touched_bytes(inputs, top_k: int) -> tuple[int, int]:
+    """(experts a layer case's tokens route to, the bytes a forward must read at least: those experts' weights,
+    the router's, x and the output), from the layer's own router GEMM and routing on the case's inputs."""
+    import cupy
+
+    layer, x = inputs.layer, inputs.x
+    tokens = int(x.shape[0])
+    logits = grouped_gemm(x, layer.router_b, cupy.asarray([0, tokens], dtype=cupy.int32), out_dtype=np.float32)
+    touched = int(cupy.unique(routing.route(logits, top_k).experts).size)
+    es = layer.w_gate_up.dtype.itemsize
+    per_expert = es * (layer.w_gate_up.shape[1] * layer.hidden + layer.hidden * layer.intermediate)
+    return touched, touched * per_expert + es * layer.router_b.size + 2 * es * tokens * layer.hidden
+
+
+def decode_table(results, args) -> str:
+    """Decode-sized layers: GB/s on the touched experts' bytes, held and as called, against the copy bandwidth
+    measured in this process (issue 14's target: >= 70 %), and the speed-up on each torch layer."""
+    cases = _cases(args.suite, args)
+    if args.case:
+        cases = [c for c in cases if any(s in c.name for s in args.case)]
+    by = {(r.case, r.impl): r for r in results if r.ok}
+    rows, copy = [], None
+    for i, case in enumerate(cases):
+        ours = by.get((case.name, "ours"))
+        if "decode" not in case.tags or ours is None:
+            continue
+        if copy is None:
+            from cukernels import bandwidth
+
+            copy = bandwidth.measure_copy().tb_per_s * 1e3
+        touched, nbytes = touched_bytes(make_inputs(case, args.seed + i), case.params["top_k"])
+        row = {"case": case.name, "touched experts": f"{touched}/{case.params['experts']}",
+               "MB": f"{nbytes / 1e6:,.1f}", "ours ms": f"{ours.median_ms:.4f}",
+               "% of copy": f"{100 * nbytes / (ours.median_ms * 1e6) / copy:.0f}%"}
+        if ours.as_called_ms:
+            row["as called ms"] = f"{ours.as_called_ms:.4f}"
+            row["% as called"] = f"{100 * nbytes / (ours.as_called_ms * 1e6) / copy:.0f}%"
+        for impl in ("torch-loop", "torch-grouped"):
+            r = by.get((case.name, impl))
+            row[f"vs {impl}"] = "" if r is None else f"{r.median_ms / ours.median_ms:.2f}x"
+            if r is not None and r.as_called_ms and ours.as_called_ms:
+                row[f"vs {impl}"] += f" ({r.as_called_ms / ours.as_called_ms:.2f}x called)"
+        rows.append(row)
+    if not rows:
+        return ""
+    return (f"decode layers: bytes of the touched experts (+ router, x, out) over the time, against the copy bandwidth "
+            f"measured in this process ({copy:,.0f} GB/s read + written; target >= 70 %):\n"
+            + tabulate(rows, headers="keys", tablefmt="github", disable_numparse=True))
+
+
 def _extra(results, args) -> str:
-    return "\n\n".join(x for x in (utilisation(results, args), router_share(results, args)) if x)
+    return "\n\n".join(x for x in (utilisation(results, args), router_share(results, args),
+                                    decode_table(results, args)) if x)
 
 
 # ---------------------------------------------------------------- --tune / --sweep, --ncu (cukernels/tune.py, ncu.py)

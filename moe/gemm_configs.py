@@ -19,6 +19,7 @@ from cukernels import dtypes, tiling, tune
 from cukernels.device import DeviceSpec
 
 EPILOGUES = {None: 0, "swiglu": 1, "gelu": 2}
+KINDS = ("mma", "wgmma", "tma", "skinny")
 MIN_CC = (8, 0)
 OP = "moe.grouped_gemm"
 
@@ -49,12 +50,29 @@ class GemmConfig:
     # needs cuda-bindings at run time): 128 x 256 x 64 tiles computed by two consumer warpgroups (warps_m = 8)
     # fed by a producer warpgroup (384 threads in all)
     kind: str = "mma"
+    # "skinny": decode-sized groups (moe_grouped_gemm_skinny, sm_80+): b's rows as mma's M, read straight from
+    # global memory; block_m group rows per pass (8-64), block_n weight rows per CTA over warps_n x split_k
+    # warps (block_n / warps_n = 16 or 32 rows per warp), block_k 32 (one chunk), ``stages`` chunks of loads
+    # issued before their MMAs, warps_m 1
+    kind: str = "mma"
     # tma only: CTAs per cluster along M (2: the pair shares B through TMA multicast)
     cluster_m: int = 1
+    # skinny only: warps of a CTA splitting K (their partial sums meet in shared memory, in a fixed order)
+    split_k: int = 1
 
     def __post_init__(self):
-        if self.kind not in ("mma", "wgmma", "tma"):
-            raise ValueError(f"kind must be 'mma', 'wgmma' or 'tma', got {self.kind!r}")
+        if self.kind not in KINDS:
+            raise ValueError(f"kind must be one of {KINDS}, got {self.kind!r}")
+        if self.split_k != 1 and self.kind != "skinny":
+            raise ValueError(f"split_k is for skinny tiles, got {self.split_k} on a {self.kind} tile")
+        if self.kind == "skinny":
+            if not (self.block_m in (8, 16, 32, 64) and self.block_k == 32 and self.warps_m == 1
+                    and self.split_k in (1, 2, 4, 8) and self.warps_n * self.split_k in (4, 8)
+                    and self.block_n in (16 * self.warps_n, 32 * self.warps_n) and self.stages in (4, 8)
+                    and self.min_blocks == 1 and self.cluster_m == 1):
+                raise ValueError(f"a skinny tile is 8/16/32/64 rows x (16 or 32 per warps_n) x 32 with 4 or 8 warps "
+                                 f"(warps_n x split_k), 4 or 8 chunks in flight, got {self}")
+            return
         if self.kind == "wgmma" and not (self.block_m in (64, 128) and self.block_n == 256 and self.block_k == 64
                                          and self.warps_m == self.block_m // 16 and self.warps_n == 1):
             raise ValueError(f"a wgmma tile is (64 or 128) x 256 x 64 with block_m / 16 x 1 warps, got {self}")
@@ -89,6 +107,8 @@ class GemmConfig:
     @property
     def threads(self) -> int:
         """Threads per CTA: the compute warps, plus the producer warpgroup of a tma tile."""
+        if self.kind == "skinny":
+            return self.warps_n * self.split_k * 32
         return self.warps_m * self.warps_n * 32 + (128 if self.kind == "tma" else 0)
 
     @property
@@ -105,7 +125,10 @@ class GemmConfig:
         """The pipeline buffers (the epilogue's staging tile reuses them) and 16 bytes for the work item; wgmma
         tiles also reserve 1 KiB to align the stages to the 1024-byte swizzle atom. A tma tile keeps its own
         staging buffers (16 KiB per consumer warpgroup, so the next tile's loads overlap the epilogue) and two
-        8-byte mbarriers per stage instead of the work item."""
+        8-byte mbarriers per stage instead of the work item. A skinny tile holds only its warps' partial sums,
+        ``[split_k][block_m][block_n + 4]`` fp32, and the list of non-empty groups."""
+        if self.kind == "skinny":  # + the list of non-empty groups (MAX_EXPERTS ints) and its count, 16-aligned
+            return self.split_k * self.block_m * (self.block_n + 4) * 4 + 4 * (512 + 4)
         pipeline = self.stages * (self.block_m + self.block_n) * self.block_k * 2
         if self.kind == "tma":
             return pipeline + 2 * 64 * 128 * 2 + 16 * self.stages + 1024
@@ -120,6 +143,10 @@ class GemmConfig:
                 raise ValueError(f"a tma tile writes its input dtype, got out_dtype {out_dtype}")
             name = "moe_grouped_gemm_tma_pair" if self.cluster_m == 2 else "moe_grouped_gemm_tma"
             return f"{name}<{dtypes.ctype(dtype)}, {self.stages}, {EPILOGUES[epilogue]}>"
+        if self.kind == "skinny":
+            return (f"moe_grouped_gemm_skinny<{dtypes.ctype(dtype)}, {out_c}, {self.block_m}, "
+                    f"{self.block_n // (16 * self.warps_n)}, {self.warps_n}, {self.split_k}, {self.stages}, "
+                    f"{EPILOGUES[epilogue]}>")
         if self.kind == "wgmma":
             return (f"moe_grouped_gemm_wgmma<{dtypes.ctype(dtype)}, {out_c}, {self.block_m}, {self.stages}, "
                     f"{EPILOGUES[epilogue]}>")
@@ -131,6 +158,8 @@ class GemmConfig:
         partial m-tile); the CTAs past the real count exit at once. A persistent tile launches at most
         ``sm_count`` CTAs (required), which stride over the tiles; a clustered one at most ``clusters`` clusters
         (the device's count of co-resident clusters; default: sm_count / cluster_m)."""
+        if self.kind == "skinny":  # the items (n-blocks x group slots), an upper bound: the caller caps it at
+            return -(-problem.n // self.block_n) * max(1, min(problem.experts, problem.rows))  # what fits at once
         rows_per_item = self.block_m * self.cluster_m
         m_items = problem.rows // rows_per_item + min(problem.experts, problem.rows)
         items = max(1, m_items * -(-problem.n // self.block_n))
@@ -142,6 +171,9 @@ class GemmConfig:
         return items
 
     def __str__(self) -> str:
+        if self.kind == "skinny":
+            return (f"GemmConfig(skinny {self.block_m}x{self.block_n}x{self.block_k}, warps {self.warps_n}n x "
+                    f"{self.split_k}k, {self.stages} chunks in flight)")
         if self.kind in ("wgmma", "tma"):
             pair = ", clusters of 2 (B multicast)" if self.cluster_m == 2 else ""
             return f"GemmConfig({self.kind} {self.block_m}x{self.block_n}x{self.block_k}, {self.stages} stages{pair})"
@@ -220,6 +252,9 @@ def plan(problem: GemmProblem, spec: DeviceSpec) -> tiling.Plan:
         tuned = tiling.override(spec, OP, _config_from)
     if tuned is not None:
         return tuned
+    skinny = plan_skinny(problem, spec)
+    if skinny is not None:
+        return skinny
     n = problem.n
     est_m_tiles = max(1, problem.rows // 128) + min(problem.experts, max(problem.rows, 1)) // 2
     large_ctas = est_m_tiles * -(-n // 256)
@@ -232,6 +267,51 @@ def plan(problem: GemmProblem, spec: DeviceSpec) -> tiling.Plan:
     candidates = [c for c in _for_device(candidates, spec) if problem.epilogue in c.epilogues()]
     return tiling.choose(candidates, spec, reason=why)
 
+
+
+# Decode-sized groups: at most this many rows per non-empty group on average (rows / min(experts, rows)) take the
+# skinny tiles, which read each weight once per block_m rows and load a's fragments per warp; above it the
+# 128-row tiles win (H100, 2026-11-23, tools sweep of the decode suite's GEMMs: 8 rows per group, skinny 288 us
+# vs 306 for 128x128x64; 16 rows, skinny (32-row passes) 2.22 ms vs 2.09).
+SKINNY_MAX_ROWS = 8
+SKINNY_MIN_CHUNKS = 4  # k-chunks of 32 per warp: a K split stops before a warp's share falls below 128
+SKINNY = tuple(GemmConfig(kind="skinny", block_m=bm, block_n=per_warp * (8 // ks), block_k=32, warps_m=1,
+                          warps_n=8 // ks, stages=4, split_k=ks)
+               for bm in (8, 16) for ks in (1, 2, 4, 8) for per_warp in (32, 16))
+
+
+def skinny_config(problem: GemmProblem, spec: DeviceSpec) -> tuple[GemmConfig, str]:
+    """The skinny tile for ``problem``: block_m about twice the average group (8 or 16 rows, so most groups take one
+    pass), then the widest CTA (32 weight rows per warp, no K split) that still gives ~4 CTAs per SM over the
+    groups that can be non-empty; failing that, the split giving the most CTAs."""
+    groups = max(1, min(problem.experts, problem.rows))
+    avg = problem.rows / groups
+    block_m = 8 if avg <= 4 else 16
+    chunks = -(-problem.k // 32)
+    target = 4 * spec.sm_count
+    best = None
+    for split_k in (1, 2, 4, 8):
+        if split_k > 1 and chunks // split_k < SKINNY_MIN_CHUNKS:
+            break
+        for per_warp in (32, 16):
+            cfg = next(c for c in SKINNY if (c.block_m, c.split_k, c.block_n // c.warps_n) ==
+                       (block_m, split_k, per_warp))
+            ctas = cfg.grid(problem)
+            if best is None or ctas > best[1]:
+                best = (cfg, ctas)
+            if ctas >= target:
+                return cfg, f"~{avg:.1f} rows per group over {groups} groups: {ctas} CTAs >= {target}"
+    cfg, ctas = best
+    return cfg, f"~{avg:.1f} rows per group over {groups} groups: {ctas} CTAs, the most a split gives"
+
+
+def plan_skinny(problem: GemmProblem, spec: DeviceSpec) -> tiling.Plan | None:
+    """The skinny tile's plan when the groups are decode-sized (None otherwise)."""
+    groups = max(1, min(problem.experts, problem.rows))
+    if problem.rows == 0 or problem.rows / groups > SKINNY_MAX_ROWS:
+        return None
+    cfg, why = skinny_config(problem, spec)
+    return tiling.choose([cfg], spec, reason=why)
 
 
 def _tma_unusable(problem: GemmProblem) -> str | None:
@@ -256,7 +336,7 @@ def variants(spec: DeviceSpec) -> list[GemmConfig]:
             cfg = tiling.choose(fitting, spec, reason="").config
             if cfg not in out:
                 out.append(cfg)
-    return out
+    return out + [c for c in SKINNY if tiling.fits(c, spec) is None]
 
 
 # ---------------------------------------------------------------- tuning (cukernels/tune.py)

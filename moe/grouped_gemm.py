@@ -94,9 +94,13 @@ def validate(a, b, offsets, *, epilogue=None, row_scale=None, out_dtype=None) ->
 
 class GemmCall:
     """A validated, planned, compiled grouped GEMM for one signature: pointers in, output allocated and written
-    (``dtype``, or float32 when ``problem.out_dtype`` says so)."""
+    (``dtype``, or float32 when ``problem.out_dtype`` says so).
 
-    def __init__(self, problem: gemm_configs.GemmProblem, config, dtype: np.dtype, frame):
+    ``gather``: the layer's fused token gather (skinny tiles only): row r of the groups reads a[index[r] //
+    gather], with ``index`` the sixth pointer of ``enqueue`` (the sorted slots, ``gather`` = top_k); ``a`` is then
+    the tokens, not the gathered rows."""
+
+    def __init__(self, problem: gemm_configs.GemmProblem, config, dtype: np.dtype, frame, gather: int = 0):
         import cupy
 
         self.frame = frame
@@ -106,6 +110,9 @@ class GemmCall:
                 config = launch.plan(gemm_configs.plan, problem).config
             else:
                 tiling.check_fits(config, launch.spec())
+            if gather and config.kind != "skinny":
+                raise ValueError(f"a fused gather needs a skinny tile, the plan is {config}")
+            self.config, self.gather = config, int(gather)
             n_out = problem.n // 2 if problem.epilogue == "swiglu" else problem.n
             self.out_shape, self.out_dtype = (problem.rows, n_out), dtypes.dtype_name(out_dtype)
             self.empty = problem.rows == 0
@@ -128,15 +135,20 @@ class GemmCall:
                     kern.reserve_smem(config.smem_bytes())
                     clusters = tma.max_active_clusters(kern.handle, config.cluster_m, config.threads,
                                                        config.smem_bytes())
+            args = (a_arg, b_arg, P(2), P(3), P(4), np.int32(problem.experts), np.int32(problem.n),
+                    np.int32(problem.k))
+            if config.kind == "skinny":  # 5: the gather's row index (0: none) and its divisor
+                args += (P(5), np.int32(max(1, self.gather)))
+            grid = config.grid(problem, launch.spec().sm_count, clusters)
+            if config.kind == "skinny":  # persistent: what the GPU holds at once, striding over the items
+                grid = min(grid, kern.blocks_per_sm(config.threads, config.smem_bytes()) * launch.spec().sm_count)
             self.launcher = _launch.Launcher(
-                kern, (config.grid(problem, launch.spec().sm_count, clusters),), (config.threads,),
-                (a_arg, b_arg, P(2), P(3), P(4), np.int32(problem.experts), np.int32(problem.n),
-                 np.int32(problem.k)),
+                kern, (grid,), (config.threads,), args,
                 smem=config.smem_bytes())
 
-    def enqueue(self, stream: int, pa: int, pb: int, pout: int, poffsets: int, pscale: int) -> None:
+    def enqueue(self, stream: int, pa: int, pb: int, pout: int, poffsets: int, pscale: int, pindex: int = 0) -> None:
         if not self.empty:
-            self.launcher.launch(stream, (pa, pb, pout, poffsets, pscale))
+            self.launcher.launch(stream, (pa, pb, pout, poffsets, pscale, pindex))
 
     def __call__(self, pa: int, pb: int, poffsets: int, pscale: int):
         f = self.frame

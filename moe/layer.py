@@ -26,10 +26,10 @@ import numpy as np
 from cukernels import dtypes
 from cukernels import launch as _launch
 
-from . import configs
+from . import configs, gemm_configs, launch
 from .dispatch import PermuteCall, combine_launcher, gather_launcher
-from .grouped_gemm import GemmCall, validate as validate_gemm
 from .gemm_configs import GemmProblem
+from .grouped_gemm import GemmCall, validate as validate_gemm
 from .routing import RouteCall
 
 ACTIVATIONS = ("swiglu", "gelu")
@@ -38,7 +38,8 @@ ACTIVATIONS = ("swiglu", "gelu")
 class LayerCall:
     """A planned layer forward for one (x signature, weights): the kernels of every stage and the workspace layout.
     Intermediates (expert order, rows = tokens * top_k): logits fp32 [tokens, experts], the routing and dispatch
-    blocks, row weights fp32 [rows], xs [rows, hidden], h [rows, intermediate], y [rows, hidden]."""
+    blocks, row weights fp32 [rows], xs [rows, hidden] (none when the groups are decode-sized: the up-projection's skinny
+    tiles read the token rows through the sorted slots), h [rows, intermediate], y [rows, hidden]."""
 
     def __init__(self, tokens: int, layer_shape: tuple, top_k: int, activation: str, dtype: np.dtype, frame):
         import cupy
@@ -48,15 +49,20 @@ class LayerCall:
         rows = tokens * top_k
         name = self.dtype
         with cupy.cuda.Device(frame.device_id):
-            gemm = lambda rows_, n, k, e, epi, out=None: GemmCall(  # noqa: E731
-                GemmProblem(rows=rows_, n=n, k=k, experts=e, dtype=name, epilogue=epi, out_dtype=out), None, dtype,
-                frame)
+            def gemm(rows_, n, k, e, epi, out=None, gather=0):
+                problem = GemmProblem(rows=rows_, n=n, k=k, experts=e, dtype=name, epilogue=epi, out_dtype=out)
+                if gather:  # decode-sized groups: the up-projection reads the token rows itself
+                    plan = launch.plan(gemm_configs.plan, problem)
+                    gather = gather if plan.config.kind == "skinny" else 0
+                return GemmCall(problem, None, dtype, frame, gather)
+
             self.router = gemm(tokens, experts, hidden, 1, None, "fp32")
             self.route = RouteCall(configs.RouteProblem(tokens=tokens, experts=experts, top_k=top_k, dtype="fp32"),
                                    "softmax", True, frame)
             self.permute = PermuteCall(self.route, None, frame)
             n_up = 2 * inter if activation == "swiglu" else inter
-            self.up = gemm(rows, n_up, hidden, experts, activation)
+            self.up = gemm(rows, n_up, hidden, experts, activation, gather=top_k)
+            self.fused_gather = self.up.gather > 0
             self.down = gemm(rows, hidden, inter, experts, None)
             # x and the workspace's rows are 16-byte aligned (x is checked per call; K % 8 == 0 makes rows so)
             self.combine = combine_launcher(tokens, hidden, top_k, dtype, 16)
@@ -68,7 +74,7 @@ class LayerCall:
         es = dtype.itemsize
         self.at = {"logits": ws.add(4 * tokens * experts), "routing": ws.add(self.route.nbytes),
                    "dispatch": ws.add(self.permute.nbytes), "row_weight": ws.add(4 * rows),
-                   "xs": ws.add(es * rows * hidden), "h": ws.add(es * rows * inter), "y": ws.add(es * rows * hidden)}
+                   "xs": ws.add(0 if self.fused_gather else es * rows * hidden), "h": ws.add(es * rows * inter), "y": ws.add(es * rows * hidden)}
         self.nbytes = ws.nbytes
 
     def __call__(self, px: int, router_b: int, w_gate_up: int, w_down: int):
@@ -81,8 +87,11 @@ class LayerCall:
         self.route.enqueue(stream, at["logits"], at["routing"])
         self.permute.enqueue(stream, at["routing"], at["dispatch"], at["row_weight"])
         sorted_slots, inverse, offsets, _ = (at["dispatch"] + off for off in self.permute.out_offsets)
-        self.gather_launcher.launch(stream, (px, sorted_slots, at["xs"]))
-        self.up.enqueue(stream, at["xs"], w_gate_up, at["h"], offsets, 0)
+        if self.fused_gather:
+            self.up.enqueue(stream, px, w_gate_up, at["h"], offsets, 0, sorted_slots)
+        else:
+            self.gather_launcher.launch(stream, (px, sorted_slots, at["xs"]))
+            self.up.enqueue(stream, at["xs"], w_gate_up, at["h"], offsets, 0)
         self.down.enqueue(stream, at["h"], w_down, at["y"], offsets, at["row_weight"])
         self.combine.launch(stream, (at["y"], inverse, 0, pout))  # weights already applied: unit weights
         return out

@@ -19,12 +19,23 @@ class MoEShape:
     hidden: int | None = None
     intermediate: int | None = None
     route_alone: bool = False  # also a case of routing without the permutation
+    layer_only: bool = False  # the whole layer alone (decode sizes: the pieces are all host time)
     tags: tuple[str, ...] = ()
 
 
 def _seed004(batch: int, seq: int) -> MoEShape:
     return MoEShape(name=f"seed004_b{batch}x{seq}", tokens=batch * seq, experts=32, top_k=2, hidden=4096,
                     intermediate=11008, tags=("seed004", "primary"))
+
+
+# Decode-sized layers (issue 14): a 64-expert top-8 model (hidden 2048, intermediate 1408: the expert size of
+# Qwen1.5-MoE / DeepSeek-V2-Lite class models) and seed 004's configuration, at 1-256 tokens per step
+DECODE_TOKENS = (1, 4, 16, 64, 256)
+
+
+def _decode(tokens: int, label: str, experts: int, top_k: int, hidden: int, inter: int) -> MoEShape:
+    return MoEShape(name=f"decode_{label}_T{tokens}", tokens=tokens, experts=experts, top_k=top_k, hidden=hidden,
+                    intermediate=inter, layer_only=True, tags=("decode",))
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -62,6 +73,8 @@ SHAPES: tuple[MoEShape | GemmShape, ...] = (
     MoEShape(name="quick_T256_E8_top2", tokens=256, experts=8, top_k=2, hidden=256, tags=("quick", "ci")),
     MoEShape(name="quick_T1000_E60_top4", tokens=1000, experts=60, top_k=4, hidden=384, tags=("quick", "ci")),
     MoEShape(name="ci_T4096_E256_top8", tokens=4096, experts=256, top_k=8, hidden=1024, tags=("ci",)),
+    *(_decode(t, "E64top8", 64, 8, 2048, 1408) for t in DECODE_TOKENS),
+    *(_decode(t, "seed004", 32, 2, 4096, 11008) for t in DECODE_TOKENS),
     # launch overhead (seed 004: < 50 us per call): every piece and the layer, on problems the kernels finish at once
     MoEShape(name="overhead_T16_E8_top2", tokens=16, experts=8, top_k=2, hidden=256, intermediate=512,
              route_alone=True, tags=("overhead",)),
@@ -75,6 +88,7 @@ SUITES = {
     "primary": "primary",
     "gemm": "gemm",
     "overhead": "overhead",
+    "decode": "decode",
 }
 
 

@@ -57,7 +57,7 @@ def _variants_by_arch():
 @pytest.mark.slow
 @pytest.mark.parametrize("arch", sorted(_variants_by_arch()))
 def test_every_planned_variant_compiles_without_spills(arch):
-    configs = sorted(_variants_by_arch()[arch], key=str)
+    configs = sorted((c for c in _variants_by_arch()[arch] if c.kind != "skinny"), key=str)  # skinny: below
     exprs = [c.name_expression(dtype=dt, epilogue=ep) for c in configs for dt in (np.float16, BF16)
              for ep in c.epilogues()]
     exprs += [c.name_expression(dtype=dt, out_dtype=np.float32) for c in configs for dt in (np.float16, BF16)
@@ -66,6 +66,37 @@ def test_every_planned_variant_compiles_without_spills(arch):
     for expr, r in res.items():
         assert r.spills == 0 and r.stack_bytes == 0, f"{arch} {expr}: {r}"
         assert r.registers <= 255
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("arch", ["sm_80", "sm_90a"])
+def test_skinny_tiles_compile_without_spills(arch):
+    """Every skinny tile (the decode-sized groups' kernel), bf16, plain / SwiGLU / fp32 out; fp16 and GELU on the
+    widest tiles (the most registers)."""
+    exprs = []
+    for c in gemm_configs.SKINNY:
+        exprs += [c.name_expression(dtype=BF16, epilogue=e) for e in (None, "swiglu")]
+        exprs.append(c.name_expression(dtype=BF16, out_dtype=np.float32))
+        if c.block_n // c.warps_n == 32 and c.block_m == 16:
+            exprs.append(c.name_expression(dtype=np.float16, epilogue="gelu"))
+    for expr, r in compile.compile_offline(SOURCE, exprs, arch).items():
+        assert r.spills == 0 and r.stack_bytes == 0, f"{arch} {expr}: {r}"
+
+
+def test_decode_sized_groups_take_skinny_tiles():
+    spec = device.profile("h100")
+    G = gemm_configs.GemmProblem
+    for rows, experts in ((1, 1), (8, 64), (512, 64), (2, 32), (128, 32)):
+        plan = gemm_configs.plan(G(rows=rows, n=2816, k=2048, experts=experts, dtype="bf16", epilogue="swiglu"), spec)
+        assert plan.config.kind == "skinny" and plan.config in gemm_configs.SKINNY, (rows, experts, plan)
+        assert plan.config.grid(G(rows=rows, n=2816, k=2048, experts=experts, dtype="bf16")) >= 1
+    for rows, experts in ((2048, 64), (512, 32), (4096, 1)):  # 16+ rows per group: the 128-row tiles
+        assert gemm_configs.plan(G(rows=rows, n=2816, k=2048, experts=experts, dtype="bf16"), spec).config.kind \
+            != "skinny"
+    with pytest.raises(ValueError, match="skinny tile"):
+        gemm_configs.GemmConfig(kind="skinny", block_m=24, block_n=256, block_k=32, warps_m=1, warps_n=8, stages=4)
+    with pytest.raises(ValueError, match="split_k"):
+        gemm_configs.GemmConfig(block_m=128, block_n=128, block_k=64, warps_m=2, warps_n=4, stages=3, split_k=2)
 
 
 @pytest.mark.slow

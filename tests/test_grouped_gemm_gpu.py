@@ -130,6 +130,44 @@ def test_tma_persistent_many_tiles(dtype, epilogue):
         _check(got[129:4130], ref2[129:4130], dtype, f"{cfg} {epilogue} sub-range")
 
 
+def _skinny_cases():
+    """Every split and rows-per-pass of the skinny tiles, the two warp widths alternating."""
+    return [c for i, c in enumerate(gemm_configs.SKINNY) if i % 2 == (c.block_m // 8) % 2]
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=dtypes.dtype_name)
+def test_skinny_tiles(dtype):
+    """Decode-sized groups: 0, 1, 7, 8, 9, 33 and 70 rows (more than one pass of every block_m), N and K tails
+    (N = 336, K = 264: neither a multiple of a CTA's rows nor of 32), every epilogue, row scale, fp32 out."""
+    import cupy
+
+    counts = [0, 1, 7, 8, 0, 9, 33, 70]
+    rows, n, k = sum(counts), 336, 264
+    off = cupy.asarray(np.concatenate([[0], np.cumsum(counts)]).astype(np.int32))
+    a = dtypes.random((rows, k), dtype, seed=41)
+    b = dtypes.random((len(counts), n, k), dtype, seed=42, scale=1.0 / np.sqrt(k))
+    scale = cupy.asarray(np.random.default_rng(8).random(rows, dtype=np.float32) + 0.5)
+    refs = {epi: reference(a, b, off, epilogue=epi, row_scale=scale) for epi in (None, "swiglu", "gelu")}
+    for i, cfg in enumerate(_skinny_cases()):
+        for epi in (None, "swiglu") + (("gelu",) if i % 4 == 0 else ()):
+            checks.poison_pool(16 << 20)
+            out = grouped_gemm(a, b, off, epilogue=epi, row_scale=scale, config=cfg)
+            _check(out, refs[epi], dtype, f"{cfg} {epi}")
+        if i % 4 == 1:
+            out = grouped_gemm(a, b, off, out_dtype=np.float32, row_scale=scale, config=cfg)
+            checks.compare(out, refs[None], tol=checks.Tolerance(atol=1e-4, rtol=1e-4),
+                           name=f"{cfg} fp32 out").raise_if_failed()
+
+
+def test_planner_takes_skinny_for_decode_groups():
+    spec = device.current()
+    for rows, experts in ((8, 64), (512, 64), (2, 32)):
+        p = gemm_configs.GemmProblem(rows=rows, n=2816, k=2048, experts=experts, dtype="bf16", epilogue="swiglu")
+        assert gemm_configs.plan(p, spec).config.kind == "skinny", (rows, experts)
+    p = gemm_configs.GemmProblem(rows=8192, n=2816, k=2048, experts=64, dtype="bf16")
+    assert gemm_configs.plan(p, spec).config.kind != "skinny"
+
+
 def test_planner_takes_tma_for_large_problems():
     _tma_configs()
     p = gemm_configs.GemmProblem(rows=8192, n=11008, k=4096, experts=8, dtype="bf16")
@@ -201,6 +239,24 @@ def test_layer_matches_reference(dtype, activation):
     naive = _naive(naive, dtype)
     res = checks.compare(out, ref, tol=TOL[dtypes.dtype_name(dtype)], naive=naive, name=f"layer {activation}")
     res.raise_if_failed()
+
+
+@pytest.mark.parametrize("tokens,experts,top_k", [(1, 64, 8), (5, 16, 4), (24, 8, 2)])
+def test_layer_decode_sizes(tokens, experts, top_k):
+    """Decode-sized layers: skinny expert GEMMs, the up-projection gathering the token rows itself."""
+    from moe import layer as layer_mod
+
+    x, router, w_up, w_down = _layer(tokens, 256, 192, experts, top_k, dtypes.BF16, "swiglu", seed=tokens)
+    layer = MoELayer(router, w_up, w_down, top_k)
+    checks.poison_pool(64 << 20)
+    out = layer(x)
+    key = (*(layer_mod._launch.view(t)[0] for t in (x, layer.router_b, layer.w_gate_up, layer.w_down)), top_k,
+           "swiglu")
+    call = layer_mod._LAYER.get(key)
+    assert call.fused_gather and call.up.config.kind == "skinny" and call.down.config.kind == "skinny"
+    ref = reference_forward(x, router, w_up, w_down, top_k)
+    naive = _naive(reference_forward(x, router, w_up, w_down, top_k, round_to=dtypes.BF16), dtypes.BF16)
+    checks.compare(out, ref, tol=TOL["bf16"], naive=naive, name=f"decode layer T{tokens}").raise_if_failed()
 
 
 def test_layer_is_graph_capturable():

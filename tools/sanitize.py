@@ -134,6 +134,25 @@ def gemm_cases():
                 grouped_gemm(a, b, off, epilogue=epi, config=cfg, row_scale=cupy.ones(sum(counts), cupy.float32))
 
 
+def skinny_cases():
+    """The decode-sized tiles: groups of 0-20 rows (two passes of 8), N and K tails, fp32 out, every split, and a
+    decode-sized layer whose up-projection gathers the token rows itself."""
+    from moe import MoELayer, gemm_configs, grouped_gemm
+
+    counts = [0, 1, 9, 0, 20, 3]
+    off = cupy.asarray(np.concatenate([[0], np.cumsum(counts)]).astype(np.int32))
+    a = dtypes.random((sum(counts), 200), dtypes.BF16, seed=1)
+    b = dtypes.random((len(counts), 272, 200), dtypes.BF16, seed=2)
+    for i, cfg in enumerate(gemm_configs.SKINNY):
+        if cfg.block_m == 8 or i % 4 == 1:
+            grouped_gemm(a, b, off, epilogue="swiglu" if i % 2 else None, config=cfg,
+                         row_scale=cupy.ones(sum(counts), cupy.float32))
+            grouped_gemm(a, b, off, out_dtype=np.float32, config=cfg)
+    router = cupy.random.default_rng(5).standard_normal((128, 16), dtype=cupy.float32)
+    w_up, w_down = dtypes.random((16, 192, 128), dtypes.BF16, seed=6), dtypes.random((16, 128, 96), dtypes.BF16, seed=7)
+    MoELayer(router, w_up, w_down, 4)(dtypes.random((3, 128), dtypes.BF16, seed=8))
+
+
 def moe_cases():
     import moe
 
@@ -168,7 +187,7 @@ def decode_cases():
 def main(names) -> int:
     cases = {"attention": attention_cases, "tma": tma_cases, "backward": backward_cases,
              "tma-backward": tma_backward_cases, "decode": decode_cases,
-             "gemm": gemm_cases, "moe": moe_cases,
+             "gemm": gemm_cases, "skinny": skinny_cases, "moe": moe_cases,
              "copy": lambda: bandwidth.measure_copy(1 << 20, budget_ms=1)}
     unknown = [n for n in names if n not in cases]
     if unknown:

@@ -600,3 +600,184 @@ moe_grouped_gemm_tma_pair(const __grid_constant__ tma::TensorMap a_map, const __
                           int experts, int N, int K) {
     grouped_gemm_tma<T, STAGES, EPI, 2>(a_map, b_map, out, offsets, row_scale, experts, N, K);
 }
+
+// ---------------------------------------------------------------- skinny tiles (decode-sized groups)
+//
+// A group of a few rows (a decode step: 1-16 rows per expert) makes the GEMM a stream over the expert's weights:
+// the bytes of b[e] are the cost, the FLOPs are not. These CTAs cut the work along N and K instead of M and
+// compute the product transposed, out[rows, n]^T = b[e][n, :] . a[rows, :]^T: b's rows are mma's M (16 per warp
+// tile, MI tiles per warp) and the group's rows its N (8 per n8 tile, BM / 8 tiles per pass), so one row per
+// expert wastes 7/8 of an n8 tile instead of 127/128 of an m128 tile. Each lane reads b straight from global
+// memory into its A fragments with 16-byte loads (no shared memory, no ldmatrix): lane (g, q) = (lane / 4,
+// lane % 4) reads k = 32c + 8q .. 32c + 8q + 7 of weight rows g and g + 8, the eight k values its two
+// m16n8k16 steps over chunk c need, in a permuted order; a's fragment (row g of the n8 tile) is read with the
+// same permutation, and a dot product does not depend on the order of k.
+//
+// Work: items (slot, n-block), slot the index of a non-empty group, BN = 16 * MI * WN weight rows per item.
+// The CTAs are persistent (the grid is what fits on the GPU at once): warp 0 lists the non-empty groups in
+// shared memory once (a ballot scan of the offsets), then every CTA strides over the items, so the expert
+// lookup and the CTA start-up are paid once per CTA, not once per item. A CTA's WN x KS warps split an item's
+// rows WN ways and K KS ways (chunks of 32); the KS partial sums meet in shared memory ([KS][BM][BN + 4] fp32)
+// in a fixed order (deterministic), where the epilogue (activation, SwiGLU pairs, row scale) reads them and
+// writes out row by row. Groups of more than BM rows take several passes over the same weights (from L2). U
+// chunks of loads are issued before their MMAs.
+//
+// a_index (may be null) fuses the token gather: row r of the groups reads a[a_index[r] / a_div] (the layer's
+// sorted slots over top_k), so a is x itself and no gathered copy is written.
+constexpr int SKINNY_MAX_GROUPS = 512;  // = configs.MAX_EXPERTS: the list of non-empty groups in shared memory
+
+__device__ __forceinline__ uint4 ld_stream_16(const void* p) {  // read once: no L1 allocation
+    uint4 v;
+    asm("ld.global.nc.L1::no_allocate.v4.u32 {%0, %1, %2, %3}, [%4];\n"
+        : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w) : "l"(p));
+    return v;
+}
+
+__device__ __forceinline__ unsigned u4_at(const uint4& v, int i) {
+    return i == 0 ? v.x : i == 1 ? v.y : i == 2 ? v.z : v.w;
+}
+
+template <typename T, typename TO, int BM, int MI, int WN, int KS, int U, int EPI>
+__global__ void __launch_bounds__(WN * KS * 32)
+moe_grouped_gemm_skinny(const T* __restrict__ a, const T* __restrict__ b, TO* __restrict__ out,
+                        const int* __restrict__ offsets, const float* __restrict__ row_scale, int experts, int N,
+                        int K, const int* __restrict__ a_index, int a_div) {
+    static_assert(BM % 8 == 0 && BM <= 64, "BM: whole n8 tiles, at most 64 rows per pass");
+    static_assert(EPI != EPI_SWIGLU || sizeof(TO) == sizeof(T), "SwiGLU writes the input dtype");
+    constexpr int NT = BM / 8, BN = 16 * MI * WN, THREADS = WN * KS * 32, STRIDE = BN + 4;
+    constexpr int BN_OUT = EPI == EPI_SWIGLU ? BN / 2 : BN;
+    extern __shared__ float partial[];  // [KS][BM][STRIDE], then the non-empty groups and their count
+    int* groups = reinterpret_cast<int*>(partial + KS * BM * STRIDE);
+    int* group_count = groups + SKINNY_MAX_GROUPS;
+    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, q = lane & 3;
+    const int kg = warp % KS, ng = warp / KS;
+
+    if (warp == 0) {
+        int seen = 0;
+        for (int e0 = 0; e0 < experts; e0 += 32) {
+            const int ex = e0 + lane;
+            const bool has = ex < experts && offsets[ex + 1] > offsets[ex];
+            const unsigned m = __ballot_sync(0xffffffffu, has);
+            if (has) groups[seen + __popc(m & ((1u << lane) - 1u))] = ex;
+            seen += __popc(m);
+        }
+        if (lane == 0) *group_count = seen;
+    }
+    __syncthreads();
+    const int n_blocks = (N + BN - 1) / BN;
+    const int items = *group_count * n_blocks;
+    const int chunks = (K + 31) / 32;
+    const int c_lo = kg * chunks / KS, c_hi = (kg + 1) * chunks / KS;
+    const int n_out_total = EPI == EPI_SWIGLU ? N / 2 : N;
+    const uint4 zero = make_uint4(0u, 0u, 0u, 0u);
+    float* mine = partial + kg * BM * STRIDE;
+
+    for (int item = blockIdx.x; item < items; item += gridDim.x) {
+        const int e = groups[item / n_blocks], nb = item % n_blocks;
+        const T* wrow[MI][2];
+        bool wok[MI][2];
+#pragma unroll
+        for (int i = 0; i < MI; ++i)
+#pragma unroll
+            for (int h = 0; h < 2; ++h) {
+                const int n = nb * BN + ng * 16 * MI + i * 16 + g + 8 * h;
+                wok[i][h] = n < N;
+                wrow[i][h] = b + ((size_t)e * N + min(n, N - 1)) * K + 8 * q;
+            }
+        const int row0 = offsets[e], count = offsets[e + 1] - row0;
+        for (int p0 = 0; p0 < count; p0 += BM) {
+            const int nt = min(NT, (count - p0 + 7) / 8);
+            const T* xrow[NT];
+            bool xok[NT];
+#pragma unroll
+            for (int j = 0; j < NT; ++j) {
+                const int r = p0 + j * 8 + g;
+                xok[j] = r < count;
+                const int src = !xok[j] ? row0 : a_index != nullptr ? a_index[row0 + r] / a_div : row0 + r;
+                xrow[j] = a + (size_t)src * K + 8 * q;
+            }
+            float acc[MI][NT][4];
+#pragma unroll
+            for (int i = 0; i < MI; ++i)
+#pragma unroll
+                for (int j = 0; j < NT; ++j) acc[i][j][0] = acc[i][j][1] = acc[i][j][2] = acc[i][j][3] = 0.f;
+
+            for (int c0 = c_lo; c0 < c_hi; c0 += U) {
+                uint4 w[U][MI][2], x[U][NT];
+#pragma unroll
+                for (int u = 0; u < U; ++u) {
+                    const int k = (c0 + u) * 32;
+                    const bool ok = c0 + u < c_hi && k + 8 * q < K;
+#pragma unroll
+                    for (int i = 0; i < MI; ++i)
+#pragma unroll
+                        for (int h = 0; h < 2; ++h)
+                            w[u][i][h] = ok && wok[i][h] ? ld_stream_16(wrow[i][h] + k) : zero;
+                }
+#pragma unroll
+                for (int u = 0; u < U; ++u) {
+                    const int k = (c0 + u) * 32;
+                    const bool ok = c0 + u < c_hi && k + 8 * q < K;
+#pragma unroll
+                    for (int j = 0; j < NT; ++j)
+                        if (j < nt)
+                            x[u][j] = ok && xok[j] ? __ldg(reinterpret_cast<const uint4*>(xrow[j] + k)) : zero;
+                }
+#pragma unroll
+                for (int u = 0; u < U; ++u)
+#pragma unroll
+                    for (int s = 0; s < 2; ++s)
+#pragma unroll
+                        for (int i = 0; i < MI; ++i) {
+                            const unsigned fa[4] = {u4_at(w[u][i][0], 2 * s), u4_at(w[u][i][1], 2 * s),
+                                                    u4_at(w[u][i][0], 2 * s + 1), u4_at(w[u][i][1], 2 * s + 1)};
+#pragma unroll
+                            for (int j = 0; j < NT; ++j)
+                                if (j < nt) {
+                                    const unsigned fb[2] = {u4_at(x[u][j], 2 * s), u4_at(x[u][j], 2 * s + 1)};
+                                    mma::mma_16816<T>(acc[i][j], fa, fb);
+                                }
+                        }
+            }
+            // C fragment: weight rows (g, g + 8) of tile i, group rows (2q, 2q + 1) of n8 tile j
+#pragma unroll
+            for (int i = 0; i < MI; ++i)
+#pragma unroll
+                for (int j = 0; j < NT; ++j)
+                    if (j < nt) {
+                        const int n = ng * 16 * MI + i * 16 + g, t = j * 8 + 2 * q;
+                        mine[t * STRIDE + n] = acc[i][j][0];
+                        mine[(t + 1) * STRIDE + n] = acc[i][j][1];
+                        mine[t * STRIDE + n + 8] = acc[i][j][2];
+                        mine[(t + 1) * STRIDE + n + 8] = acc[i][j][3];
+                    }
+            __syncthreads();
+            const int rows_here = min(BM, count - p0);
+            for (int idx = threadIdx.x; idx < rows_here * BN_OUT; idx += THREADS) {
+                const int t = idx / BN_OUT, c = idx % BN_OUT;
+                const int col = nb * BN_OUT + c;
+                if (col >= n_out_total) continue;
+                const int r = row0 + p0 + t;
+                float v;
+                if constexpr (EPI == EPI_SWIGLU) {
+                    float gate = 0.f, up = 0.f;
+#pragma unroll
+                    for (int s = 0; s < KS; ++s) {
+                        gate += partial[(s * BM + t) * STRIDE + 2 * c];
+                        up += partial[(s * BM + t) * STRIDE + 2 * c + 1];
+                    }
+                    v = gate / (1.f + __expf(-gate)) * up;
+                } else {
+                    v = 0.f;
+#pragma unroll
+                    for (int s = 0; s < KS; ++s) v += partial[(s * BM + t) * STRIDE + c];
+                    v = activate<EPI>(v);
+                }
+                if (row_scale != nullptr) v *= row_scale[r];
+                if constexpr (sizeof(TO) == 4) out[(size_t)r * n_out_total + col] = v;
+                else out[(size_t)r * n_out_total + col] = mma::Convert<TO>::from(v);
+            }
+            __syncthreads();
+        }
+    }
+}
