@@ -100,7 +100,9 @@ def _options(source: Path, arch: str, options: Iterable[str]) -> tuple[str, ...]
 
 
 @functools.cache
-def _libcuda():
+def libcuda():
+    """The CUDA driver library through ctypes, for the entry points CuPy does not expose (occupancy, tensor-map
+    encoding in cukernels.tma)."""
     import ctypes
 
     return ctypes.CDLL("libcuda.so.1")
@@ -146,7 +148,7 @@ class Kernel:
 
         self.reserve_smem(smem)
         n = ctypes.c_int(0)
-        rc = _libcuda().cuOccupancyMaxActiveBlocksPerMultiprocessor(
+        rc = libcuda().cuOccupancyMaxActiveBlocksPerMultiprocessor(
             ctypes.byref(n), ctypes.c_void_p(self.handle), ctypes.c_int(threads), ctypes.c_size_t(smem))
         if rc != 0:
             raise RuntimeError(f"{self.name_expression}: cuOccupancyMaxActiveBlocksPerMultiprocessor failed ({rc})")

@@ -162,7 +162,9 @@ def _c_encoder():
     dependency that makes TMA available (its enums give the argument values)."""
     _driver()
     try:
-        fn = ctypes.CDLL("libcuda.so.1").cuTensorMapEncodeTiled
+        from .compile import libcuda
+
+        fn = libcuda().cuTensorMapEncodeTiled
     except (OSError, AttributeError) as exc:
         raise RuntimeError(f"cannot call cuTensorMapEncodeTiled in the CUDA driver (libcuda.so.1): {exc}") from exc
     p, i, u32 = ctypes.c_void_p, ctypes.c_int, ctypes.c_uint32

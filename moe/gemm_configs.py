@@ -51,9 +51,9 @@ class GemmConfig:
     # fed by a producer warpgroup (384 threads in all)
     kind: str = "mma"
     # "skinny": decode-sized groups (moe_grouped_gemm_skinny, sm_80+): b's rows as mma's M, read straight from
-    # global memory; block_m group rows per pass (8-64), block_n weight rows per CTA over warps_n x split_k
-    # warps (block_n / warps_n = 16 or 32 rows per warp), block_k 32 (one chunk), ``stages`` chunks of loads
-    # issued before their MMAs, warps_m 1
+    # global memory; block_m group rows per pass (8 or 16), block_n weight rows per CTA over warps_n x split_k
+    # warps (block_n / warps_n = 16 or 32 rows per warp), block_k 32 (one chunk), ``stages`` (4) chunks of
+    # loads issued before their MMAs, warps_m 1: the tiles of ``SKINNY``, the ones the tests build
     kind: str = "mma"
     # tma only: CTAs per cluster along M (2: the pair shares B through TMA multicast)
     cluster_m: int = 1
@@ -66,12 +66,12 @@ class GemmConfig:
         if self.split_k != 1 and self.kind != "skinny":
             raise ValueError(f"split_k is for skinny tiles, got {self.split_k} on a {self.kind} tile")
         if self.kind == "skinny":
-            if not (self.block_m in (8, 16, 32, 64) and self.block_k == 32 and self.warps_m == 1
-                    and self.split_k in (1, 2, 4, 8) and self.warps_n * self.split_k in (4, 8)
-                    and self.block_n in (16 * self.warps_n, 32 * self.warps_n) and self.stages in (4, 8)
+            if not (self.block_m in (8, 16) and self.block_k == 32 and self.warps_m == 1
+                    and self.split_k in (1, 2, 4, 8) and self.warps_n * self.split_k == 8
+                    and self.block_n in (16 * self.warps_n, 32 * self.warps_n) and self.stages == 4
                     and self.min_blocks == 1 and self.cluster_m == 1):
-                raise ValueError(f"a skinny tile is 8/16/32/64 rows x (16 or 32 per warps_n) x 32 with 4 or 8 warps "
-                                 f"(warps_n x split_k), 4 or 8 chunks in flight, got {self}")
+                raise ValueError(f"a skinny tile is 8 or 16 rows x (16 or 32 per warps_n) x 32 with 8 warps "
+                                 f"(warps_n x split_k), 4 chunks in flight, got {self}")
             return
         if self.kind == "wgmma" and not (self.block_m in (64, 128) and self.block_n == 256 and self.block_k == 64
                                          and self.warps_m == self.block_m // 16 and self.warps_n == 1):

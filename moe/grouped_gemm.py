@@ -96,9 +96,9 @@ class GemmCall:
     """A validated, planned, compiled grouped GEMM for one signature: pointers in, output allocated and written
     (``dtype``, or float32 when ``problem.out_dtype`` says so).
 
-    ``gather``: the layer's fused token gather (skinny tiles only): row r of the groups reads a[index[r] //
-    gather], with ``index`` the sixth pointer of ``enqueue`` (the sorted slots, ``gather`` = top_k); ``a`` is then
-    the tokens, not the gathered rows."""
+    ``gather``: the offer of a fused token gather (the layer's, ``gather`` = top_k), taken when the plan is a skinny
+    tile (``self.gather`` says whether): row r of the groups then reads a[index[r] // gather], with ``index`` the
+    sixth pointer of ``enqueue`` (the sorted slots), and ``a`` is the tokens, not the gathered rows."""
 
     def __init__(self, problem: gemm_configs.GemmProblem, config, dtype: np.dtype, frame, gather: int = 0):
         import cupy
@@ -110,9 +110,7 @@ class GemmCall:
                 config = launch.plan(gemm_configs.plan, problem).config
             else:
                 tiling.check_fits(config, launch.spec())
-            if gather and config.kind != "skinny":
-                raise ValueError(f"a fused gather needs a skinny tile, the plan is {config}")
-            self.config, self.gather = config, int(gather)
+            self.config, self.gather = config, int(gather) if config.kind == "skinny" else 0
             n_out = problem.n // 2 if problem.epilogue == "swiglu" else problem.n
             self.out_shape, self.out_dtype = (problem.rows, n_out), dtypes.dtype_name(out_dtype)
             self.empty = problem.rows == 0

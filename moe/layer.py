@@ -26,7 +26,7 @@ import numpy as np
 from cukernels import dtypes
 from cukernels import launch as _launch
 
-from . import configs, gemm_configs, launch
+from . import configs
 from .dispatch import PermuteCall, combine_launcher, gather_launcher
 from .gemm_configs import GemmProblem
 from .grouped_gemm import GemmCall, validate as validate_gemm
@@ -38,8 +38,8 @@ ACTIVATIONS = ("swiglu", "gelu")
 class LayerCall:
     """A planned layer forward for one (x signature, weights): the kernels of every stage and the workspace layout.
     Intermediates (expert order, rows = tokens * top_k): logits fp32 [tokens, experts], the routing and dispatch
-    blocks, row weights fp32 [rows], xs [rows, hidden] (none when the groups are decode-sized: the up-projection's skinny
-    tiles read the token rows through the sorted slots), h [rows, intermediate], y [rows, hidden]."""
+    blocks, row weights fp32 [rows], xs [rows, hidden] (none when the groups are decode-sized: the up-projection's
+    skinny tiles read the token rows through the sorted slots), h [rows, intermediate], y [rows, hidden]."""
 
     def __init__(self, tokens: int, layer_shape: tuple, top_k: int, activation: str, dtype: np.dtype, frame):
         import cupy
@@ -49,24 +49,21 @@ class LayerCall:
         rows = tokens * top_k
         name = self.dtype
         with cupy.cuda.Device(frame.device_id):
-            def gemm(rows_, n, k, e, epi, out=None, gather=0):
-                problem = GemmProblem(rows=rows_, n=n, k=k, experts=e, dtype=name, epilogue=epi, out_dtype=out)
-                if gather:  # decode-sized groups: the up-projection reads the token rows itself
-                    plan = launch.plan(gemm_configs.plan, problem)
-                    gather = gather if plan.config.kind == "skinny" else 0
-                return GemmCall(problem, None, dtype, frame, gather)
-
+            gemm = lambda rows_, n, k, e, epi, out=None, gather=0: GemmCall(  # noqa: E731
+                GemmProblem(rows=rows_, n=n, k=k, experts=e, dtype=name, epilogue=epi, out_dtype=out), None, dtype,
+                frame, gather)
             self.router = gemm(tokens, experts, hidden, 1, None, "fp32")
             self.route = RouteCall(configs.RouteProblem(tokens=tokens, experts=experts, top_k=top_k, dtype="fp32"),
                                    "softmax", True, frame)
             self.permute = PermuteCall(self.route, None, frame)
             n_up = 2 * inter if activation == "swiglu" else inter
+            # decode-sized groups: the up-projection's skinny tiles read the token rows themselves
             self.up = gemm(rows, n_up, hidden, experts, activation, gather=top_k)
             self.fused_gather = self.up.gather > 0
             self.down = gemm(rows, hidden, inter, experts, None)
             # x and the workspace's rows are 16-byte aligned (x is checked per call; K % 8 == 0 makes rows so)
             self.combine = combine_launcher(tokens, hidden, top_k, dtype, 16)
-            self.gather_launcher = gather_launcher(rows, hidden, top_k, dtype, 16)
+            self.gather_launcher = None if self.fused_gather else gather_launcher(rows, hidden, top_k, dtype, 16)
             # the router GEMM's one group: rows [0, tokens) (a constant, made before any capture)
             self.one_group = cupy.asarray([0, tokens], dtype=cupy.int32)
         self._one_group_ptr = self.one_group.data.ptr
@@ -74,7 +71,8 @@ class LayerCall:
         es = dtype.itemsize
         self.at = {"logits": ws.add(4 * tokens * experts), "routing": ws.add(self.route.nbytes),
                    "dispatch": ws.add(self.permute.nbytes), "row_weight": ws.add(4 * rows),
-                   "xs": ws.add(0 if self.fused_gather else es * rows * hidden), "h": ws.add(es * rows * inter), "y": ws.add(es * rows * hidden)}
+                   "xs": ws.add(0 if self.fused_gather else es * rows * hidden), "h": ws.add(es * rows * inter),
+                   "y": ws.add(es * rows * hidden)}
         self.nbytes = ws.nbytes
 
     def __call__(self, px: int, router_b: int, w_gate_up: int, w_down: int):
