@@ -64,20 +64,34 @@ class DecodeConfig:
     def smem_bytes(self) -> int:
         return 2 * self.head_dim * (ROWS_PER_TILE + 2 * self.stages * self.keys_per_stage)
 
-    def name_expression(self, *, dtype, paged: bool) -> str:
+    def name_expression(self, *, dtype, paged: bool, pair: bool = False) -> str:
         return (f"flash_decode<{dtypes.ctype(dtype)},{self.head_dim},{self.warps},{self.stages},"
-                f"{'true' if paged else 'false'}>")
+                f"{'true' if paged else 'false'},{'true' if pair else 'false'}>")
 
     def __str__(self) -> str:
         return f"DecodeConfig(d{self.head_dim} w{self.warps} s{self.stages})"
 
 
-def search_space(head_dim: int, paged: bool = False) -> list[DecodeConfig]:
-    """Preference order: about 16 KB of K and V per stage (8 warps at head dim 64, 4 above: rows of 128 bytes need
-    more of them in flight), a deep ring, then shallower, then fewer warps (small shared memory). A paged cache
-    takes the ring that lets two CTAs share an SM first (see ``plan_splits``)."""
-    first = ([(8, 3), (8, 4)] if paged else [(8, 4), (8, 3)]) if head_dim == 64 else []
-    return [DecodeConfig(head_dim=head_dim, warps=w, stages=s) for w, s in first + [(4, 3), (4, 2), (2, 3), (2, 2)]]
+def search_space(head_dim: int, paged: bool = False, waves: float = 0.0) -> list[DecodeConfig]:
+    """Preference order, then the configs that fit smaller shared memories. ``waves`` is the grid before any split
+    (batch x kv heads x row tiles) over the SM count. Measured on an H100 (2026-11-23, held time, bf16):
+
+    - head dim 64, a contiguous cache: under one wave, 4 warps and 4 stages (64 keys per stage, 67 KB: the rows'
+      128 bytes leave room for several CTAs per SM) beat 8 warps by 0.5-5 % (B8 L128k q4 1354 vs 1418 us); from one
+      wave up, 8 warps and 4 stages (one CTA per SM) beat it by 2-3 % (B64 L8k/32k);
+    - head dim 128 and up, a contiguous cache: from two waves up (every SM has work for several CTAs), a 4-stage
+      ring (one CTA per SM) beats 3 stages by 0.4-2 % (B64 L32k 32/32 10968 vs 11203 us); under that, 3 stages
+      (two CTAs per SM) win by 0-1.5 %;
+    - a paged cache's page lookups stall each CTA's copies, which a second CTA per SM hides: the ring that lets two
+      CTAs share an SM first (see ``plan_splits``; one CTA per SM measured 0.7-0.9x of two)."""
+    if paged:
+        first = [(8, 3), (8, 4)] if head_dim == 64 else []
+    elif head_dim == 64:
+        first = [(4, 4), (8, 4), (8, 3)] if waves < 1 else [(8, 4), (8, 3)]
+    else:
+        first = [(4, 4)] if waves >= 2 else []
+    order = list(dict.fromkeys(first + [(4, 3), (4, 2), (2, 3), (2, 2)]))
+    return [DecodeConfig(head_dim=head_dim, warps=w, stages=s) for w, s in order]
 
 
 def plan_decode(problem: DecodeProblem, spec: DeviceSpec) -> tiling.Plan:
@@ -87,8 +101,25 @@ def plan_decode(problem: DecodeProblem, spec: DeviceSpec) -> tiling.Plan:
     tuned = tiling.override(spec, OP, lambda raw: DecodeConfig(head_dim=problem.head_dim, **raw))
     if tuned is not None:
         return tuned
-    return tiling.choose(search_space(problem.head_dim, problem.paged), spec,
-                         reason="16 keys per warp and stage; the deepest ring that fits")
+    waves = problem.batch * problem.kv_heads * problem.row_tiles / spec.sm_count
+    return tiling.choose(search_space(problem.head_dim, problem.paged, waves), spec,
+                         reason="the ring and warps measured fastest for this head dim, cache kind and grid")
+
+
+def paired(problem: DecodeProblem, spec: DeviceSpec, heads_adjacent: bool = True) -> DecodeProblem | None:
+    """The problem the kernel runs when head-dim-64 KV heads go in pairs (flash_decode's PAIR: heads 2p and 2p + 1
+    read as one 256-byte row per key), or None. Pairs are taken when the unpaired grid already fills the GPU (a
+    pair halves the CTAs), the two heads of a pair are adjacent in memory (``heads_adjacent``: the cache's head
+    stride is 64 elements) and both heads' query rows fit one 16-row tile. Measured on an H100 (2026-11-23):
+    the head-dim-64 rows of 128 bytes stream at ~2.98 TB/s where 256-byte rows of the same cache bytes (32/8
+    heads, d128) reach ~3.11 TB/s."""
+    if problem.head_dim != 64 or problem.kv_heads % 2 or not heads_adjacent:
+        return None
+    if problem.seq_q * 2 * (problem.heads // problem.kv_heads) > ROWS_PER_TILE:
+        return None
+    if problem.batch * problem.kv_heads * problem.row_tiles < spec.sm_count:
+        return None
+    return dataclasses.replace(problem, kv_heads=problem.kv_heads // 2, head_dim=128)
 
 
 def plan_splits(problem: DecodeProblem, config: DecodeConfig, spec: DeviceSpec) -> int:

@@ -36,7 +36,7 @@ from cukernels import device as _device
 from cukernels import dtypes, launch, tiling
 
 from . import api
-from .decode_configs import DecodeProblem, plan_decode, plan_splits
+from .decode_configs import DecodeProblem, paired, plan_decode, plan_splits
 
 SOURCE = Path(__file__).parent / "kernels" / "flash_decode.cu"
 
@@ -137,14 +137,21 @@ class DecodeCall:
         self.frame = launch.frame(launch.is_torch(q), self.device)
         with cupy.cuda.Device(self.device):
             spec = _device.current()
-            cfg = plan_decode(problem, spec).config
+            st = {n: [np.int64(s) for s in api.element_strides(x)[:3]] for n, x in
+                  (("q", q), ("k", k_cache), ("v", v_cache))}
+            # head-dim-64 KV heads in pairs where that pays (decode_configs.paired): the kernel's problem
+            pair = paired(problem, spec, heads_adjacent=st["k"][2] == 64 and st["v"][2] == 64)
+            kp = pair or problem
+            self.pair = pair is not None
+            cfg = plan_decode(kp, spec).config
             tiling.check_fits(cfg, spec)
-            splits = int(num_splits) if num_splits is not None else plan_splits(problem, cfg, spec)
+            splits = int(num_splits) if num_splits is not None else plan_splits(kp, cfg, spec)
             keys = cfg.keys_per_stage
             split_keys = -(-(-(-problem.max_keys // splits)) // keys) * keys
             splits = min(splits, -(-problem.max_keys // split_keys))
             self.splits, self.config = splits, cfg
             B, Sq, H, D, KVH = problem.batch, problem.seq_q, problem.heads, problem.head_dim, problem.kv_heads
+            KD, KKVH = kp.head_dim, kp.kv_heads  # the kernel's head dim and KV heads (a pair is one 128-wide head)
             self.dtype, self.capacity, self.seqlen_new, self.page = problem.dtype, problem.max_keys, seqlen_new, page
             self.o_shape, self.lse_shape = (B, Sq, H, D), (B, H, Sq)
             dt = dtypes.from_name(problem.dtype)
@@ -154,30 +161,33 @@ class DecodeCall:
             unbounded = Sq + problem.max_keys
             left, right = min(left, unbounded), min(right, unbounded)
             scale = 1.0 / math.sqrt(D) if softmax_scale is None else float(softmax_scale)
-            st = {n: [np.int64(s) for s in api.element_strides(x)[:3]] for n, x in
-                  (("q", q), ("k", k_cache), ("v", v_cache))}
+            kst = {n: [*st[n][:2], st[n][2] * (2 if self.pair else 1)] for n in ("k", "v")}
             max_pages = problem.max_keys // page if problem.paged else 0
             num_pages = int(k_cache.shape[0]) if problem.paged else 1
             self.num_pages = num_pages
             P = launch.Ptr  # 0 q, 1 k cache, 2 v cache, 3 o, 4 lse, 5 o_part, 6 lse_part, 7 cache_seqlens,
             # 8 block table, 9 k new, 10 v new, 11 split counters
             self.attend = launch.Launcher(
-                _compile.kernel(SOURCE, cfg.name_expression(dtype=dt, paged=problem.paged)),
-                (splits, KVH * problem.row_tiles, B), (cfg.threads,),
-                (P(0), P(1), P(2), P(3), P(4), P(5), P(6), P(11), P(7), P(8), *st["q"], *st["k"], *st["v"],
-                 np.int32(Sq), np.int32(H), np.int32(KVH), np.int32(H // KVH), np.int32(max_pages),
+                _compile.kernel(SOURCE, cfg.name_expression(dtype=dt, paged=problem.paged, pair=self.pair)),
+                (splits, KKVH * kp.row_tiles, B), (cfg.threads,),
+                (P(0), P(1), P(2), P(3), P(4), P(5), P(6), P(11), P(7), P(8), *st["q"], *kst["k"], *kst["v"],
+                 np.int32(Sq), np.int32(H), np.int32(KKVH), np.int32(H // KKVH), np.int32(max_pages),
                  np.int32(page), np.int32(num_pages), np.int32(problem.max_keys), np.int32(seqlen_new), np.int32(left), np.int32(right),
                  np.int32(split_keys), np.float32(scale * math.log2(math.e))),
                 smem=cfg.smem_bytes())
             ws = launch.Workspace()  # with splits: their O and LSE, and one counter per (batch, kv head, row tile)
-            self.ws_o = ws.add(4 * splits * B * Sq * H * D) if splits > 1 else None
+            self.ws_o = ws.add(4 * splits * B * Sq * H * KD) if splits > 1 else None
             self.ws_lse = ws.add(4 * splits * B * Sq * H) if splits > 1 else None
-            self.counters_bytes = 4 * B * KVH * problem.row_tiles
+            self.counters_bytes = 4 * B * KKVH * kp.row_tiles
             self.ws_counters = ws.add(self.counters_bytes) if splits > 1 else None
             self.ws_bytes = ws.nbytes
             from cupy.cuda import runtime
 
             self._memset = runtime.memsetAsync
+            self._capturing = runtime.streamIsCapturing
+            # the split counters of eager calls, one zeroed buffer per stream: the last split of a tile sets its
+            # counter back to zero, so no memset precedes later launches on that stream
+            self._counters: dict = {}
             self.append = None
             if seqlen_new:
                 sn = {n: [np.int64(s) for s in api.element_strides(x)[:3]] for n, x in (("k", k), ("v", v))}
@@ -199,8 +209,17 @@ class DecodeCall:
         ws = None
         if self.splits > 1:
             ws, base = f.workspace(stream, self.ws_bytes)
-            ptrs[5], ptrs[6], ptrs[11] = base + self.ws_o, base + self.ws_lse, base + self.ws_counters
-            self._memset(ptrs[11], 0, self.counters_bytes, stream)
+            ptrs[5], ptrs[6] = base + self.ws_o, base + self.ws_lse
+            if self._capturing(stream):  # a graph has its own counters, zeroed by a node of the graph
+                ptrs[11] = base + self.ws_counters
+                self._memset(ptrs[11], 0, self.counters_bytes, stream)
+            else:
+                counters = self._counters.get(stream)
+                if counters is None:
+                    buf, ptr = f.workspace(stream, self.counters_bytes)
+                    self._memset(ptr, 0, self.counters_bytes, stream)
+                    counters = self._counters[stream] = (buf, ptr)
+                ptrs[11] = counters[1]
         if self.append is not None:
             self.append.launch(stream, ptrs)
         self.attend.launch(stream, ptrs)

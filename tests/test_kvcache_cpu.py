@@ -39,9 +39,11 @@ def _archs():
 @pytest.mark.parametrize("arch", _archs())
 def test_planned_kernels_compile_without_spills(arch):
     specs = [s for s in PROFILES if s.arch == arch]
-    configs = {plan_decode(_problem(head_dim=d, paged=p), s).config for s in specs for d in HEAD_DIMS
-               for p in (False, True)}
+    configs = {plan_decode(_problem(batch=b, kv_heads=kvh, head_dim=d, paged=p), s).config for s in specs
+               for d in HEAD_DIMS for p in (False, True) for b, kvh in ((1, 8), (64, 32))}
     exprs = [c.name_expression(dtype=np.uint16, paged=p) for c in configs for p in (False, True)]
+    exprs += [c.name_expression(dtype=t, paged=p, pair=True) for c in configs if c.head_dim == 128
+              for p in (False, True) for t in (np.uint16, np.float16)]
     exprs += [c.name_expression(dtype=np.float16, paged=False) for c in configs]
     exprs += ["kv_append<__nv_bfloat16,true>", "kv_append<__half,false>"]
     for expr, res in compile.compile_offline(SOURCE, exprs, arch).items():
@@ -50,11 +52,39 @@ def test_planned_kernels_compile_without_spills(arch):
 
 def test_search_space_is_valid_and_ordered():
     for d in HEAD_DIMS:
-        space = search_space(d)
-        assert space[0] == DecodeConfig(head_dim=d, warps=8 if d == 64 else 4, stages=4 if d == 64 else 3)
-        assert all(c.smem_bytes() == 2 * d * (16 + 2 * c.stages * 16 * c.warps) for c in space)
+        for paged in (False, True):
+            for waves in (0.5, 1.0, 4.0):
+                space = search_space(d, paged, waves)
+                assert len(set(space)) == len(space)
+                assert all(c.smem_bytes() == 2 * d * (16 + 2 * c.stages * 16 * c.warps) for c in space)
+    # the measured preferences: small grids at head dim 64 take 4 warps, large ones 8; head dim 128 deepens the
+    # ring from two waves; paged caches take rings two CTAs can share
+    assert search_space(64, False, 0.5)[0] == DecodeConfig(head_dim=64, warps=4, stages=4)
+    assert search_space(64, False, 1.0)[0] == DecodeConfig(head_dim=64, warps=8, stages=4)
+    assert search_space(128, False, 1.9)[0] == DecodeConfig(head_dim=128, warps=4, stages=3)
+    assert search_space(128, False, 2.0)[0] == DecodeConfig(head_dim=128, warps=4, stages=4)
+    assert search_space(64, True, 8.0)[0] == DecodeConfig(head_dim=64, warps=8, stages=3)
+    assert search_space(128, True, 8.0)[0] == DecodeConfig(head_dim=128, warps=4, stages=3)
+    spec = device.profile("h100_sxm")
+    assert plan_decode(_problem(batch=64, kv_heads=32), spec).config.stages == 4
+    assert plan_decode(_problem(batch=64, kv_heads=32, head_dim=256), spec).config.stages == 3  # 4 does not fit
     with pytest.raises(ValueError, match="head_dim"):
         DecodeConfig(head_dim=96)
+
+
+def test_head_dim_64_pairs_only_where_they_pay():
+    from attention.decode_configs import paired
+
+    spec = device.profile("h100_sxm")
+    big = _problem(batch=64, heads=16, kv_heads=16, head_dim=64, seq_q=4)
+    pair = paired(big, spec)
+    assert pair is not None and pair.head_dim == 128 and pair.kv_heads == 8 and pair.row_tiles == 1
+    assert plan_decode(pair, spec).config.head_dim == 128
+    assert paired(big, spec, heads_adjacent=False) is None  # the cache's heads are not adjacent
+    assert paired(_problem(batch=8, heads=16, kv_heads=16, head_dim=64), spec) is None  # under one wave
+    assert paired(_problem(batch=64, heads=15, kv_heads=15, head_dim=64), spec) is None  # odd kv heads
+    assert paired(_problem(batch=64, heads=32, kv_heads=8, head_dim=64, seq_q=4), spec) is None  # 32 rows
+    assert paired(_problem(batch=64, heads=32, kv_heads=32, head_dim=128), spec) is None
 
 
 def test_splits_fill_the_gpu_and_keep_whole_stages():

@@ -104,6 +104,68 @@ def test_splits_give_the_same_answer():
         checks.compare(o, outs[0], tol=checks.Tolerance(atol=8e-3, rtol=1e-2), name="splits").raise_if_failed()
 
 
+@pytest.mark.parametrize("page,splits,dtype,causal,window", [(None, None, "bf16", False, None),
+                                                              (None, 3, "fp16", True, None),
+                                                              (32, None, "bf16", True, (200, 0)),
+                                                              (64, 5, "bf16", False, None)])
+def test_head_dim_64_in_pairs(page, splits, dtype, causal, window):
+    """Head dim 64 on a grid that fills the GPU runs KV heads in pairs (one 128-wide row per key): ragged lengths
+    (0 and 1 included), GQA, seq_q 2, splits, paged, causal/window, against the reference; LSE of both halves."""
+    from attention import kvcache
+    from attention.decode_configs import DecodeProblem, paired
+    from cukernels import device
+
+    spec = device.current()
+    kv_heads = 8
+    batch = -(-spec.sm_count // kv_heads) + 1
+    problem = DecodeProblem(batch=batch, seq_q=2, heads=16, kv_heads=kv_heads, head_dim=64, max_keys=1024,
+                            dtype=dtype, paged=page is not None)
+    assert paired(problem, spec) is not None
+    lens = [int(x) for x in np.random.default_rng(11).integers(0, 1023, batch)]
+    lens[0], lens[1] = 0, 1
+    case = _case(batch, 2, 16, kv_heads, 64, lens, dtype=dtype, page=page, max_seq=1024, seed=12)
+    kvcache._CACHE.clear()
+    kw = dict(causal=causal) if window is None else dict(causal=causal, window=window)
+    _check(*case, dtype, num_splits=splits, **kw)
+    assert any(c.pair for c in kvcache._CACHE._entries.values())
+
+
+def test_split_counters_reset_across_calls_streams_and_graphs():
+    """The last split of a tile sets its counter back to zero (no memset per call): back-to-back calls, a second
+    stream and a captured graph replayed twice each give the reference answer."""
+    import cupy
+
+    from attention import flash_attention_with_kvcache
+    from attention.kvcache import kvcache_reference
+
+    q, kc, vc, lens, table, _, _ = _case(3, 2, 8, 2, 128, [1, 2500, 4096], page=64, max_seq=4096, seed=7)
+    ref, _ = kvcache_reference(q, kc, vc, lens, block_table=table, causal=True)
+    tol = checks.Tolerance(atol=8e-3, rtol=2e-2)
+
+    def call():
+        return flash_attention_with_kvcache(q, kc, vc, cache_seqlens=lens, block_table=table, causal=True,
+                                            num_splits=9, check_values=False)
+    outs = [call() for _ in range(4)]
+    side = cupy.cuda.Stream(non_blocking=True)
+    with side:
+        outs += [call() for _ in range(2)]
+    side.synchronize()
+    capture = cupy.cuda.Stream(non_blocking=True)
+    with capture:
+        capture.begin_capture()
+        captured = call()
+        graph = capture.end_capture()
+        for _ in range(2):
+            captured[...] = 0
+            graph.launch()
+            capture.synchronize()
+            checks.compare(captured, ref, tol=tol, name="graph replay").raise_if_failed()
+    outs.append(call())
+    cupy.cuda.Device().synchronize()
+    for i, o in enumerate(outs):
+        checks.compare(o, ref, tol=tol, name=f"call {i}").raise_if_failed()
+
+
 def test_window():
     _check(*_case(2, 3, 8, 4, 64, [700, 1500], max_seq=1536, seed=4), "fp16", window=(100, 0), causal=True)
 

@@ -165,7 +165,8 @@ def moe_cases():
 
 def decode_cases():
     """Attention over a KV cache: contiguous and paged (shuffled pages), ragged lengths with 0 and a page boundary,
-    appended tokens, GQA rows over two row tiles, several splits (the last split's merge) and one, every head dim."""
+    appended tokens, GQA rows over two row tiles, several splits (the last split's merge) and one, every head dim,
+    and head dim 64 with its KV heads in pairs."""
     import numpy as np
 
     from attention import flash_attention_with_kvcache
@@ -182,6 +183,18 @@ def decode_cases():
             flash_attention_with_kvcache(q, k, v, cache_seqlens=lens, k=kn, v=vn, causal=True, num_splits=splits)
             flash_attention_with_kvcache(q, pk, pv, cache_seqlens=lens, block_table=table, k=kn, v=vn,
                                          num_splits=splits)
+    # head dim 64 with KV heads in pairs (a grid of at least one CTA per SM): ragged, contiguous and paged
+    batch = -(-cupy.cuda.Device().attributes["MultiProcessorCount"] // 8) + 1
+    lens = cupy.asarray(np.random.default_rng(1).integers(0, 96, batch).astype(np.int32))
+    t = dtypes.from_name("bf16")
+    q = dtypes.random((batch, 2, 16, 64), t, seed=7)
+    k, v = (dtypes.random((batch, 96, 8, 64), t, seed=i) for i in (8, 9))
+    pk, pv = (dtypes.random((batch * 6 + 1, 16, 8, 64), t, seed=i) for i in (10, 11))
+    table = cupy.asarray(np.random.default_rng(2).permutation(batch * 6 + 1)[:batch * 6].reshape(batch, 6)
+                         .astype(np.int32))
+    for splits in (1, 2):
+        flash_attention_with_kvcache(q, k, v, cache_seqlens=lens, causal=True, num_splits=splits)
+        flash_attention_with_kvcache(q, pk, pv, cache_seqlens=lens, block_table=table, num_splits=splits)
 
 
 def main(names) -> int:

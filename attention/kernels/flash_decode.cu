@@ -16,10 +16,18 @@
 // online softmax and O += P V over its share of the split. At the end the warps' (max, sum, O) are merged
 // through shared memory. With one split the result is O and LSE; with several, each split writes its O
 // (normalised, fp32) and LSE to o_part / lse_part, and the last split of a (batch, kv head, row tile) to finish
-// (a counter per tile, zeroed before the launch) merges them by LSE: no second kernel.
+// (a counter per tile, which that split sets back to zero for the next launch) merges them by LSE: no second
+// kernel and no memset before the launch.
 //
 // Masks, per row: keys j < L_b; causal/window in kv coordinates (query i sits at L_b - seq_q + i):
 // j in [at - window_left, at + window_right] (window_right = 0 under causal; unbounded = a large value).
+//
+// PAIR (head dim 64 with adjacent KV heads, run as HEAD_DIM = 128): KV heads 2p and 2p + 1 are read as one
+// 128-wide row (256 contiguous bytes per key instead of two 128-byte pieces that other CTAs fetch at other
+// times). The tile's rows are both heads' query rows (kv_group = 2 x the real group; a row's half = which of the
+// two heads it attends with), each row's Q sits in its half of the 128 columns with zeros in the other, so
+// S = Q K^T is its own head's product; O = P V is computed 128 wide and each row keeps its own half. q and o
+// are [batch, seq_q, heads, 64]; the caller passes the K/V strides of the pair (2 x the head stride).
 #include "common.cuh"
 
 using namespace attn;
@@ -41,7 +49,7 @@ __device__ __forceinline__ long long row_offset(int2 at, long long s_b, long lon
     return at.x * s_b + (long long)at.y * s_s;
 }
 
-template <typename T, int HEAD_DIM, int WARPS, int STAGES, bool PAGED>
+template <typename T, int HEAD_DIM, int WARPS, int STAGES, bool PAGED, bool PAIR = false>
 __global__ void __launch_bounds__(WARPS * 32, 1)
 flash_decode(const T* __restrict__ q, const T* __restrict__ k, const T* __restrict__ v, T* __restrict__ o,
              float* __restrict__ lse, float* __restrict__ o_part, float* __restrict__ lse_part,
@@ -57,6 +65,8 @@ flash_decode(const T* __restrict__ q, const T* __restrict__ k, const T* __restri
     constexpr int KSTEPS = HEAD_DIM / 16;
     constexpr bool Q_IN_REGS = HEAD_DIM <= 128;
     constexpr int ROW_BYTES = HEAD_DIM * 2;
+    constexpr int OUT_DIM = PAIR ? HEAD_DIM / 2 : HEAD_DIM;  // q and o columns per head
+    static_assert(!PAIR || HEAD_DIM == 128, "pairs are two head-dim-64 heads");
     static_assert((KEYS * CHUNKS) % THREADS == 0, "copy split");
     static_assert(WARPS * 16 * (HEAD_DIM + 6) * 4 <= 2 * STAGES * KEYS * ROW_BYTES, "the merge fits the ring");
     static_assert(16 * 128 * 4 <= 2 * STAGES * KEYS * ROW_BYTES, "the split weights (<= 128 splits) fit the ring");
@@ -88,10 +98,25 @@ flash_decode(const T* __restrict__ q, const T* __restrict__ k, const T* __restri
         for (int i = tid; i < 16 * CHUNKS; i += THREADS) {
             const int r = i / CHUNKS, ch = i % CHUNKS;
             const int gr = r0 + r;
-            const bool ok = gr < rows;
-            const int qi = ok ? gr / kv_group : 0, head = kvh * kv_group + (ok ? gr % kv_group : 0);
-            const T* from = q + b * q_sb + qi * q_ss + head * q_sh + ch * 8;
+            bool ok = gr < rows;
+            const int qi = ok ? gr / kv_group : 0, within = ok ? gr % kv_group : 0, head = kvh * kv_group + within;
+            int col = ch * 8;
+            if constexpr (PAIR) {  // the row's own half of the 128 columns; zeros in the other
+                const int half = within / (kv_group / 2);
+                ok = ok && ch / (CHUNKS / 2) == half;
+                col = (ch % (CHUNKS / 2)) * 8;
+            }
+            const T* from = q + b * q_sb + qi * q_ss + head * q_sh + col;
             cp_async16(smem_addr(sQ + swizzled<HEAD_DIM>(r, ch)), from, ok);
+        }
+    };
+    // o's column for the kernel's column c of packed row gr, or -1 where the row keeps nothing (PAIR)
+    auto out_col = [&](int gr, int c) {
+        if constexpr (PAIR) {
+            const int half = (gr % kv_group) / (kv_group / 2);
+            return c / OUT_DIM == half ? c - half * OUT_DIM : -1;
+        } else {
+            return c;
         }
     };
     auto load_kv = [&](int stage_idx, int ring) {
@@ -235,10 +260,12 @@ flash_decode(const T* __restrict__ q, const T* __restrict__ k, const T* __restri
         const int qi = gr / kv_group, head = kvh * kv_group + gr % kv_group;
         const float row_lse = l > 0.f ? (m + log2f(l)) * LN2 : neg_inf();
         if (o_part == nullptr) {
-            T* dst = o + (((long long)b * seq_q + qi) * heads + head) * HEAD_DIM + c;
+            const int oc = out_col(gr, c);
+            if (oc < 0) continue;
+            T* dst = o + (((long long)b * seq_q + qi) * heads + head) * OUT_DIM + oc;
             *reinterpret_cast<uint2*>(dst) = make_uint2(pack2<T>(acc[0] * inv, acc[1] * inv),
                                                         pack2<T>(acc[2] * inv, acc[3] * inv));
-            if (c == 0) lse[((long long)b * heads + head) * seq_q + qi] = row_lse;
+            if (oc == 0) lse[((long long)b * heads + head) * seq_q + qi] = row_lse;
         } else {
             const long long row = (((long long)split * gridDim.z + b) * seq_q + qi) * heads + head;
             *reinterpret_cast<float4*>(o_part + row * HEAD_DIM + c) =
@@ -252,9 +279,11 @@ flash_decode(const T* __restrict__ q, const T* __restrict__ k, const T* __restri
     __shared__ int s_last;
     __threadfence();  // this CTA's partials are visible device-wide before it is counted
     __syncthreads();
-    if (tid == 0) s_last = atomicAdd(counters + (long long)b * gridDim.y + blockIdx.y, 1) == gridDim.x - 1;
+    int* counter = counters + (long long)b * gridDim.y + blockIdx.y;
+    if (tid == 0) s_last = atomicAdd(counter, 1) == gridDim.x - 1;
     __syncthreads();
     if (!s_last) return;
+    if (tid == 0) *counter = 0;  // every split has counted: the counter is ready for the next launch
     __threadfence();
     // weights per (row, split) = exp(lse_s - lse) into shared memory (the ring's space is free again), one warp
     // per row, lanes over splits; then every (row, 4 columns) sums its splits' O with the loads unrolled
@@ -290,6 +319,8 @@ flash_decode(const T* __restrict__ q, const T* __restrict__ k, const T* __restri
         const int gr = r0 + r;
         if (gr >= rows) continue;
         const long long row = ((long long)b * seq_q + gr / kv_group) * heads + kvh * kv_group + gr % kv_group;
+        const int oc = out_col(gr, c);
+        if (oc < 0) continue;
         const float* src = o_part + row * HEAD_DIM + c;
         const long long step = all_rows * HEAD_DIM;
         float acc[4] = {0.f, 0.f, 0.f, 0.f};
@@ -300,7 +331,7 @@ flash_decode(const T* __restrict__ q, const T* __restrict__ k, const T* __restri
             acc[0] = fmaf(x.x, w, acc[0]), acc[1] = fmaf(x.y, w, acc[1]);
             acc[2] = fmaf(x.z, w, acc[2]), acc[3] = fmaf(x.w, w, acc[3]);
         }
-        *reinterpret_cast<uint2*>(o + row * HEAD_DIM + c) = make_uint2(pack2<T>(acc[0], acc[1]), pack2<T>(acc[2], acc[3]));
+        *reinterpret_cast<uint2*>(o + row * OUT_DIM + oc) = make_uint2(pack2<T>(acc[0], acc[1]), pack2<T>(acc[2], acc[3]));
     }
 }
 
