@@ -16,7 +16,7 @@ import functools
 
 from cukernels import bench, checks, cli, device, dtypes, tiling
 
-from .decode_configs import DecodeProblem, paired, plan_decode, plan_splits
+from .decode_configs import DecodeProblem, plan_call
 from .kvcache import flash_attention_with_kvcache, kvcache_reference
 
 HEADS = ((32, 8, 128), (32, 32, 128), (16, 16, 64))
@@ -175,32 +175,31 @@ def plan_rows(cases_: list[bench.Case], spec: device.DeviceSpec, with_compile: b
 
     rows = []
     for case in cases_:
-        pair = paired(_problem(case), spec)
         try:
-            plan = plan_decode(pair or _problem(case), spec)
+            dp = plan_call(_problem(case), spec)
         except tiling.PlanError as exc:
             rows.append({"case": case.name, "config": f"no plan: {exc}"})
             continue
-        splits = plan_splits(pair or _problem(case), plan.config, spec)
-        row = {"case": case.name, "config": str(plan.config) + (" heads in pairs" if pair else ""), "splits": splits,
-               "smem / limit B": f"{plan.smem_bytes:,} / {plan.limit:,}"}
+        row = {"case": case.name, "config": _config_text(dp), "splits": dp.splits,
+               "smem / limit B": f"{dp.plan.smem_bytes:,} / {dp.plan.limit:,}"}
         if with_compile:
-            expr = plan.config.name_expression(dtype=dtypes.from_name(case.dtype), paged=False, pair=pair is not None)
+            expr = dp.config.name_expression(dtype=dtypes.from_name(case.dtype), paged=False, pair=dp.pair)
             res = compile.compile_offline(SOURCE, [expr], spec.arch)[expr]
             row.update({"regs": res.registers, "spill B": res.spills})
         rows.append(row)
     return rows
 
 
+def _config_text(dp) -> str:
+    return f"{dp.config}{' (heads in pairs)' if dp.pair else ''}"
+
+
 def plan_of(case: bench.Case) -> str | None:
-    spec = device.current()
-    problem = paired(_problem(case), spec) or _problem(case)  # the bench's caches hold their heads adjacent
     try:
-        plan = plan_decode(problem, spec)
+        dp = plan_call(_problem(case), device.current())  # the bench's caches hold their heads adjacent
     except tiling.PlanError as exc:
         return f"no plan: {exc}"
-    pairs = " (heads in pairs)" if problem.head_dim != case.params["head_dim"] else ""
-    return f"{plan.config}{pairs}, {plan_splits(problem, plan.config, spec)} splits"
+    return f"{_config_text(dp)}, {dp.splits} splits"
 
 
 def bandwidth_table(results: list[bench.Result], args) -> str:

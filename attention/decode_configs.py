@@ -90,8 +90,7 @@ def search_space(head_dim: int, paged: bool = False, waves: float = 0.0) -> list
         first = [(4, 4), (8, 4), (8, 3)] if waves < 1 else [(8, 4), (8, 3)]
     else:
         first = [(4, 4)] if waves >= 2 else []
-    order = list(dict.fromkeys(first + [(4, 3), (4, 2), (2, 3), (2, 2)]))
-    return [DecodeConfig(head_dim=head_dim, warps=w, stages=s) for w, s in order]
+    return [DecodeConfig(head_dim=head_dim, warps=w, stages=s) for w, s in first + [(4, 3), (4, 2), (2, 3), (2, 2)]]
 
 
 def plan_decode(problem: DecodeProblem, spec: DeviceSpec) -> tiling.Plan:
@@ -143,3 +142,34 @@ def plan_splits(problem: DecodeProblem, config: DecodeConfig, spec: DeviceSpec) 
 
     best = max(efficiency(s) for s in range(1, max_useful + 1))
     return next(s for s in range(1, max_useful + 1) if efficiency(s) >= 0.95 * best)
+
+
+@dataclasses.dataclass(frozen=True)
+class DecodePlan:
+    """Everything a call needs from the planner: the problem the kernel runs (``paired`` or the caller's), the
+    tile plan, and the key splits (``splits`` of ``split_keys`` keys, whole stages, none empty)."""
+
+    problem: DecodeProblem
+    plan: tiling.Plan
+    splits: int
+    split_keys: int
+    pair: bool
+
+    @property
+    def config(self) -> DecodeConfig:
+        return self.plan.config
+
+
+def plan_call(problem: DecodeProblem, spec: DeviceSpec, *, heads_adjacent: bool = True,
+              num_splits: int | None = None) -> DecodePlan:
+    """The one planning path of ``flash_attention_with_kvcache`` (and of the bench's --plan): head pairs, tile
+    config, splits (``num_splits`` overrides the heuristic; either is cut so that no split is empty)."""
+    pair = paired(problem, spec, heads_adjacent)
+    kp = pair or problem
+    plan = plan_decode(kp, spec)
+    tiling.check_fits(plan.config, spec)
+    splits = int(num_splits) if num_splits is not None else plan_splits(kp, plan.config, spec)
+    keys = plan.config.keys_per_stage
+    split_keys = -(-(-(-kp.max_keys // splits)) // keys) * keys
+    splits = min(splits, -(-kp.max_keys // split_keys))
+    return DecodePlan(problem=kp, plan=plan, splits=splits, split_keys=split_keys, pair=pair is not None)

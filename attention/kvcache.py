@@ -33,10 +33,10 @@ import numpy as np
 
 from cukernels import compile as _compile
 from cukernels import device as _device
-from cukernels import dtypes, launch, tiling
+from cukernels import dtypes, launch
 
 from . import api
-from .decode_configs import DecodeProblem, paired, plan_decode, plan_splits
+from .decode_configs import DecodeProblem, plan_call
 
 SOURCE = Path(__file__).parent / "kernels" / "flash_decode.cu"
 
@@ -139,16 +139,9 @@ class DecodeCall:
             spec = _device.current()
             st = {n: [np.int64(s) for s in api.element_strides(x)[:3]] for n, x in
                   (("q", q), ("k", k_cache), ("v", v_cache))}
-            # head-dim-64 KV heads in pairs where that pays (decode_configs.paired): the kernel's problem
-            pair = paired(problem, spec, heads_adjacent=st["k"][2] == 64 and st["v"][2] == 64)
-            kp = pair or problem
-            self.pair = pair is not None
-            cfg = plan_decode(kp, spec).config
-            tiling.check_fits(cfg, spec)
-            splits = int(num_splits) if num_splits is not None else plan_splits(kp, cfg, spec)
-            keys = cfg.keys_per_stage
-            split_keys = -(-(-(-problem.max_keys // splits)) // keys) * keys
-            splits = min(splits, -(-problem.max_keys // split_keys))
+            dp = plan_call(problem, spec, heads_adjacent=st["k"][2] == 64 and st["v"][2] == 64,
+                           num_splits=num_splits)
+            kp, cfg, splits, split_keys, self.pair = dp.problem, dp.config, dp.splits, dp.split_keys, dp.pair
             self.splits, self.config = splits, cfg
             B, Sq, H, D, KVH = problem.batch, problem.seq_q, problem.heads, problem.head_dim, problem.kv_heads
             KD, KKVH = kp.head_dim, kp.kv_heads  # the kernel's head dim and KV heads (a pair is one 128-wide head)

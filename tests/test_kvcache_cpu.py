@@ -98,3 +98,16 @@ def test_splits_fill_the_gpu_and_keep_whole_stages():
     # short caches keep at least MIN_STAGES_PER_SPLIT stages per split
     s = plan_splits(_problem(batch=1, max_keys=1024), cfg, spec)
     assert s * MIN_STAGES_PER_SPLIT * cfg.keys_per_stage <= 1024
+
+
+def test_plan_call_is_the_one_planning_path():
+    from attention.decode_configs import plan_call
+
+    spec = device.profile("h100_sxm")
+    dp = plan_call(_problem(batch=64, heads=16, kv_heads=16, head_dim=64, seq_q=4), spec)
+    assert dp.pair and dp.problem.head_dim == 128 and dp.config.head_dim == 128 and dp.splits == 1
+    assert not plan_call(_problem(batch=64, heads=16, kv_heads=16, head_dim=64), spec, heads_adjacent=False).pair
+    # an override is cut so that no split is empty, in whole stages
+    dp = plan_call(_problem(batch=1, max_keys=1000), spec, num_splits=128)
+    assert dp.split_keys % dp.config.keys_per_stage == 0
+    assert (dp.splits - 1) * dp.split_keys < 1000 <= dp.splits * dp.split_keys

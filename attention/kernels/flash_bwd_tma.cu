@@ -35,9 +35,19 @@
 
 using namespace attn;
 
-// The ring's barriers (thread 0, before the CTA's first __syncthreads): K/V's (one arrival plus bytes), and per
-// stage `full` (the loads landed) and `empty` (every consumer warp, `warps` of them, is done with the stage).
-__device__ __forceinline__ void init_ring(unsigned kv_bar, unsigned full, unsigned empty, int stages, int warps) {
+// Thread 0, before the CTA's first __syncthreads: the tensor maps prefetched (dQ's with DQ), then the ring's
+// barriers: K/V's (one arrival plus bytes), and per stage `full` (the loads landed) and `empty` (every consumer
+// warp, `warps` of them, is done with the stage).
+template <bool DQ>
+__device__ __forceinline__ void init_ring(const tma::TensorMap& q_map, const tma::TensorMap& k_map,
+                                          const tma::TensorMap& v_map, const tma::TensorMap& do_map,
+                                          const tma::TensorMap& dq_map, unsigned kv_bar, unsigned full,
+                                          unsigned empty, int stages, int warps) {
+    tma::prefetch_map(q_map);
+    tma::prefetch_map(k_map);
+    tma::prefetch_map(v_map);
+    tma::prefetch_map(do_map);
+    if constexpr (DQ) tma::prefetch_map(dq_map);
     tma::mbar_init(kv_bar, 1);
     for (int s = 0; s < stages; ++s) {
         tma::mbar_init(full + 8 * s, 1);
@@ -100,14 +110,7 @@ flash_bwd_tma(const __grid_constant__ tma::TensorMap q_map, const __grid_constan
     const unsigned kv_bar = sD + STAGES * BLOCK_M * 4, full = kv_bar + 8, empty = full + 8 * STAGES;
 
     const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, wg = warp >> 2;
-    if (tid == 0) {
-        tma::prefetch_map(q_map);
-        tma::prefetch_map(k_map);
-        tma::prefetch_map(v_map);
-        tma::prefetch_map(do_map);
-        if constexpr (DQ) tma::prefetch_map(dq_map);
-        init_ring(kv_bar, full, empty, STAGES, 8);  // eight consumer warps
-    }
+    if (tid == 0) init_ring<DQ>(q_map, k_map, v_map, do_map, dq_map, kv_bar, full, empty, STAGES, 8);  // 8 consumers
     __syncthreads();
 
     // ---- the KV tile, its sequence (packed batches): each role works them out after taking its registers
@@ -328,14 +331,7 @@ flash_bwd_tma_pair(const __grid_constant__ tma::TensorMap q_map, const __grid_co
 
     const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, wg = warp >> 2, tg = tid & 127;
     const int g = lane >> 2, t = lane & 3;
-    if (tid == 0) {
-        tma::prefetch_map(q_map);
-        tma::prefetch_map(k_map);
-        tma::prefetch_map(v_map);
-        tma::prefetch_map(do_map);
-        if constexpr (DQ) tma::prefetch_map(dq_map);
-        init_ring(kv_bar, full, empty, STAGES, 8);  // all eight warps
-    }
+    if (tid == 0) init_ring<DQ>(q_map, k_map, v_map, do_map, dq_map, kv_bar, full, empty, STAGES, 8);  // all 8 warps
     __syncthreads();
 
     int b = blockIdx.z;
