@@ -384,6 +384,8 @@ class ForwardCall:
                  np.int32(Sq), np.int32(Skv), np.int32(H), np.int32(H // problem.kv_heads),
                  np.int32(left), np.int32(right), np.float32(scale * math.log2(math.e)), np.int32(B)),
                 smem=cfg.smem_bytes())
+        self.new_o = self.frame.allocator(self.o_shape, self.dtype)
+        self.new_lse = self.frame.allocator(self.lse_shape, "fp32")
 
     def __call__(self, pq: int, pk: int, pv: int, segment_ids):
         if (pq | pk | pv) & 15:
@@ -392,8 +394,8 @@ class ForwardCall:
             return launch.on_device(self.device, self, pq, pk, pv, segment_ids)
         f = self.frame
         stream = f.stream()
-        o, po = f.empty(self.o_shape, self.dtype)
-        lse, plse = f.empty(self.lse_shape, "fp32")
+        o, lse = self.new_o(), self.new_lse()
+        po, plse = f.ptr(o), f.ptr(lse)
         if self.varlen:  # segment_ids: the (cu_seqlens_q, cu_seqlens_k) pointers
             self.main.launch(stream, (pq, pk, pv, po, plse, segment_ids[0], segment_ids[1], plse, plse))
             return o, lse

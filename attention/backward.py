@@ -157,6 +157,7 @@ class BackwardCall:
                 conv = _compile.kernel(KERNEL_SOURCE, f"flash_bwd_dq_convert<{ct}>")
                 self.steps.append(launch.Launcher(conv, (min(-(-quads // 256), 32 * spec.sm_count),), (256,),
                                                   (P(11), P(6), np.int64(quads), np.float32(scale))))
+        self.new_grads = tuple(self.frame.allocator(shape, self.dtype) for shape in self.shapes)
 
     def __call__(self, ptrs: tuple[int, ...], lse, segment_ids):
         """``ptrs``: do, q, k, v, o data pointers."""
@@ -171,8 +172,10 @@ class BackwardCall:
         if not self.lse_contiguous:
             lse = lse.contiguous() if launch.is_torch(lse) else lse.copy(order="C")
             keep.append(lse)
-        plse = launch.view(lse)[1]
-        (dq, pdq), (dk, pdk), (dv, pdv) = (f.empty(shape, self.dtype) for shape in self.shapes)
+        new_dq, new_dk, new_dv = self.new_grads
+        dq, dk, dv = new_dq(), new_dk(), new_dv()
+        ptr = f.ptr
+        plse, pdq, pdk, pdv = launch.pointer(lse), ptr(dq), ptr(dk), ptr(dv)  # lse: torch or CuPy
         ws, pws = f.workspace(stream, self.ws_bytes)
         lse2, dsum = pws + self.ws_lse2, pws + self.ws_dsum
         accum = 0 if self.ws_accum is None else pws + self.ws_accum
@@ -265,5 +268,5 @@ def backward_keyed(forward_key, do, q, k, v, o, lse, *, causal, window, segment_
     key = (forward_key, vdo[0], deterministic)
     call = _BACKWARD_AFTER.get(key) or _BACKWARD_AFTER.put(key, _new_call(do, q, k, v, o, lse, causal, window,
                                                                           segment_ids, softmax_scale, deterministic))
-    ptr = launch.pointer
+    ptr = call.frame.ptr  # q, k, v, o are of the forward's framework (its key says so)
     return call((vdo[1], ptr(q), ptr(k), ptr(v), ptr(o)), lse, segment_ids)

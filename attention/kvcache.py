@@ -226,16 +226,18 @@ def flash_attention_with_kvcache(q, k_cache, v_cache, *, cache_seqlens, block_ta
                                  causal=False, window=None, softmax_scale=None, num_splits=None, return_lse=False,
                                  check_values=True):
     """Attention of ``q`` over the cache (see the module doc). Cached by signature like ``flash_attention``."""
-    tensors = (q, k_cache, v_cache, cache_seqlens, block_table, k, v)
-    views = [None if x is None else launch.view(x) for x in tensors]
+    view = launch.view
+    vq, vkc, vvc, vlen = view(q), view(k_cache), view(v_cache), view(cache_seqlens)
+    vtab = None if block_table is None else view(block_table)
+    vk = None if k is None else view(k)
+    vv = None if v is None else view(v)
     opts = api.options_key(causal, window, None, softmax_scale)
-    valid = all(vw is not None for vw, x in zip(views, tensors) if x is not None)
-    key = None
-    if opts is not None and valid and (num_splits is None or type(num_splits) is int):
-        key = (*(None if vw is None else vw[0] for vw in views), opts, num_splits)
+    call = key = None
+    if (opts is not None and vq is not None and vkc is not None and vvc is not None and vlen is not None
+            and (vtab is not None or block_table is None) and (vk is not None or k is None)
+            and (vv is not None or v is None) and (num_splits is None or type(num_splits) is int)):
+        key = (vq[0], vkc[0], vvc[0], vlen[0], vtab and vtab[0], vk and vk[0], vv and vv[0], opts, num_splits)
         call = _CACHE.get(key)
-    else:
-        call = None
     if call is None:
         problem, page, seqlen_new = validate(q, k_cache, v_cache, cache_seqlens, block_table, k, v, causal, window,
                                              softmax_scale, num_splits)
@@ -243,12 +245,14 @@ def flash_attention_with_kvcache(q, k_cache, v_cache, *, cache_seqlens, block_ta
                           num_splits)
         if key is not None:
             _CACHE.put(key, call)
-        views = [None if x is None else launch.view(x) for x in tensors]
-    ptrs = [views[0][1], views[1][1], views[2][1], 0, 0, 0, 0, views[3][1],
-            0 if views[4] is None else views[4][1], 0 if views[5] is None else views[5][1],
-            0 if views[6] is None else views[6][1], 0]
-    if (ptrs[0] | ptrs[1] | ptrs[2] | ptrs[9] | ptrs[10]) & 15:
-        launch.check_aligned(("q", "k_cache", "v_cache", "k", "v"), ptrs[:3] + ptrs[9:])
+        vq, vkc, vvc, vlen = view(q), view(k_cache), view(v_cache), view(cache_seqlens)
+        vtab = None if block_table is None else view(block_table)
+        vk = None if k is None else view(k)
+        vv = None if v is None else view(v)
+    pk, pv = (0 if vk is None else vk[1]), (0 if vv is None else vv[1])
+    ptrs = [vq[1], vkc[1], vvc[1], 0, 0, 0, 0, vlen[1], 0 if vtab is None else vtab[1], pk, pv, 0]
+    if (vq[1] | vkc[1] | vvc[1] | pk | pv) & 15:
+        launch.check_aligned(("q", "k_cache", "v_cache", "k", "v"), (vq[1], vkc[1], vvc[1], pk, pv))
     o, lse = call(ptrs, check_values, cache_seqlens, block_table)
     return (o, lse) if return_lse else o
 

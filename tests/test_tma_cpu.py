@@ -48,7 +48,7 @@ class _FakeKernel:
 def test_launcher_points_the_parameter_slot_at_the_map():
     m = tma.TensorMap(2, (64, 64), (128,), (64, 64), index=1)
     launcher = launch.Launcher(_FakeKernel(), (1,), (32,), (launch.Ptr(0), m, np.int32(7)))
-    params = ctypes.cast(launcher._keep, ctypes.POINTER(ctypes.c_void_p))
+    params = ctypes.cast(launcher._params_addr, ctypes.POINTER(ctypes.c_void_p))
     assert params[1] == m.address and m in launcher._maps
 
 
@@ -82,3 +82,33 @@ def test_recent_addresses_are_not_encoded_again(monkeypatch):
         m.bind(0x10000 + 0x100 * i)
     m.bind(0x1000)  # pushed out by RECENT newer addresses: encoded again
     assert len(encoded) == 2 + tma.TensorMap.RECENT + 1
+
+
+def test_launcher_binds_its_maps_only_where_the_pointer_moved(monkeypatch):
+    """A launch re-encodes a map only when the call pointer it is bound to changed since the launcher's last
+    launch, and a bind that fails (a misaligned base) leaves the launcher re-checking every map next time."""
+    from unittest import mock
+
+    encoded = []
+
+    def encode(out, dtype, rank, address, *rest):
+        encoded.append(address)
+        return 0
+
+    monkeypatch.setattr(tma, "_driver", lambda: mock.MagicMock())
+    monkeypatch.setattr(tma, "_c_encoder", lambda: encode)
+    a = tma.TensorMap(2, (64, 64), (128,), (64, 64), swizzle=128, index=0)
+    b = tma.TensorMap(2, (64, 64), (128,), (64, 64), swizzle=128, index=2)
+    launcher = launch.Launcher(_FakeKernel(), (1,), (32,), (a, launch.Ptr(1), b, np.int32(7)))
+    launches = []
+    launcher._launch = lambda *args: launches.append(args)
+    slot = ctypes.cast(launcher._params_addr, ctypes.POINTER(ctypes.c_void_p))[1]
+    launcher.launch(0, (0x1000, 0x5550, 0x2000))
+    assert ctypes.c_uint64.from_address(slot).value == 0x5550
+    launcher.launch(0, (0x1000, 0x7770, 0x2000))  # only the plain pointer moved: no encoding
+    assert encoded == [0x1000, 0x2000] and ctypes.c_uint64.from_address(slot).value == 0x7770
+    with pytest.raises(ValueError, match="16-byte aligned"):
+        launcher.launch(0, (0x3000, 0, 0x2008))  # a is bound to 0x3000, b refuses
+    launcher.launch(0, (0x1000, 0, 0x2000))  # back to the first pointers: a must be bound to 0x1000 again
+    assert encoded == [0x1000, 0x2000, 0x3000] and len(launches) == 3  # (its bytes for 0x1000 were kept)
+    assert (a._bound, b._bound) == (0x1000, 0x2000)
