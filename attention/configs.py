@@ -115,9 +115,9 @@ class FwdWgmmaConfig:
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
 class FwdTmaConfig:
-    """One instance of ``flash_fwd_tma`` (kernels/flash_fwd_tma.cu, sm_90a only): warp-specialised, 128 query
-    rows per CTA (two consumer warpgroups of 64) and BLOCK_N KV rows per stage of an mbarrier ring filled by TMA
-    from a producer warpgroup. Shared memory: Q tile + STAGES x (K + V tiles), 1 KiB to align them to the swizzle
+    """One instance of ``flash_fwd_tma`` (kernels/flash_fwd_tma.cu, sm_90a only): warp-specialised, 64 query rows
+    per consumer warpgroup (two, or three at head dim 64: 128 or 192 rows per CTA) and BLOCK_N KV rows per stage
+    of an mbarrier ring filled by TMA from a producer warpgroup. Shared memory: Q tile + STAGES x (K + V tiles), 1 KiB to align them to the swizzle
     atom, and the barriers (Q, full K, full V and empty per stage). Needs cuda-bindings for the tensor maps and
     q/k/v strides a tensor map can describe (``FwdProblem.tma_layout``)."""
 
@@ -125,12 +125,19 @@ class FwdTmaConfig:
     block_n: int
     stages: int = 2
     pingpong: bool = True  # the consumers take turns issuing their GEMMs (softmax of one under the other's MMAs)
+    consumers: int = 2  # consumer warpgroups; three (160 registers each) hold head dim 64's accumulators only
 
     source = "flash_fwd_tma.cu"
     needs_arch = "sm_90a"
     tensor_maps = True  # q/k/v through TMA: see servable()
-    block_m = 128
-    threads = 384
+
+    @property
+    def block_m(self) -> int:
+        return 64 * self.consumers
+
+    @property
+    def threads(self) -> int:
+        return 128 * (self.consumers + 1)
 
     def __post_init__(self):
         if self.head_dim not in HEAD_DIMS:
@@ -139,6 +146,9 @@ class FwdTmaConfig:
             raise ValueError(f"block_n must be 64 or 128, got {self.block_n}")
         if self.stages < 2:
             raise ValueError(f"stages must be >= 2, got {self.stages}")
+        if self.consumers not in (2, 3) or (self.consumers == 3 and self.head_dim != 64):
+            raise ValueError(f"consumers must be 2 (or 3 at head dim 64), got {self.consumers} at head dim "
+                             f"{self.head_dim}")
 
     def smem_bytes(self) -> int:
         return 2 * self.head_dim * (self.block_m + 2 * self.stages * self.block_n) + 1024 + 8 * (1 + 4 * self.stages)
@@ -146,10 +156,12 @@ class FwdTmaConfig:
     def name_expression(self, *, dtype, mask: int = 0) -> str:
         check_mask(mask)
         pp = "true" if self.pingpong else "false"
-        return f"flash_fwd_tma<{dtypes.ctype(dtype)},{self.head_dim},{self.block_n},{self.stages},{pp},{mask}>"
+        return (f"flash_fwd_tma<{dtypes.ctype(dtype)},{self.head_dim},{self.block_n},{self.stages},{pp},{mask},"
+                f"{self.consumers}>")
 
     def __str__(self) -> str:
-        return f"FwdTmaConfig(d{self.head_dim} m128 n{self.block_n} s{self.stages}{'' if self.pingpong else ' no-pp'})"
+        return (f"FwdTmaConfig(d{self.head_dim} m{self.block_m} n{self.block_n} s{self.stages}"
+                f"{'' if self.pingpong else ' no-pp'})")
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -202,15 +214,22 @@ _CANDIDATES = {
 # Hopper (sm_90a): (block_n, warpgroups, stages); 128-row tiles first, 64-row ones for small grids. At head dim
 # 256 one warpgroup spills (48-240 B: 128 O accumulators per thread under the same 255-register cap), so small
 # grids there take the mma.sync 64-row tile.
-# Hopper with tensor maps (cuda-bindings): (block_n, stages) of the warp-specialised kernel, first choice on sm_90a.
-# Measured on H100 (docs/perf/attention.md, --sweep): with K and V freed separately 2-4 stages are within 2 % of each
-# other; 128 keys per stage beat 64 by 10-18 %. The 128-row tile also wins on small grids (64 CTAs at head dim 256:
-# 1.8x the mma.sync 64-row tile; head dim 64 with 256 CTAs: equal to the 64-row wgmma tile), so it stays first.
+# Hopper with tensor maps (cuda-bindings): (block_n, stages, consumer warpgroups, pingpong) of the warp-specialised
+# kernel, first choice on sm_90a, in preference order. Measured on H100 (docs/perf/attention.md, --sweep): with K and
+# V freed separately 2-4 stages are within 2 % of each other; 128 keys per stage beat 64 by 10-18 %. The 128-row tile
+# also wins on small grids (64 CTAs at head dim 256: 1.8x the mma.sync 64-row tile; head dim 64 with 256 CTAs: equal
+# to the 64-row wgmma tile), so it stays first. Head dim 64: three consumers (192 rows per CTA, 1.5x the rows per
+# K/V stage) run seed004_a 1.17x faster than two (0.595 vs 0.696 ms), where the 128-row tile is better without
+# pingpong (0.644 ms at 2 stages); ``plan_forward`` takes the 192-row tile only where whole waves favour it.
 _TMA_CANDIDATES = {
-    64: ((128, 3), (128, 4), (128, 2)),
-    128: ((128, 2), (128, 3), (64, 3)),
-    256: ((64, 2),),
+    64: ((128, 3, 3, True), (128, 2, 2, False), (128, 4, 3, True), (128, 3, 2, False), (128, 4, 2, False),
+         (128, 3, 3, False), (128, 4, 3, False), (128, 2, 2, True), (128, 3, 2, True), (128, 4, 2, True)),
+    128: ((128, 2, 2, True), (128, 3, 2, True), (64, 3, 2, True), (128, 2, 2, False), (128, 3, 2, False),
+          (64, 3, 2, False)),
+    256: ((64, 2, 2, True), (64, 2, 2, False)),
 }
+# rows per second of a 192-row tile over a 128-row one at head dim 64 (H100, seed004_a, same run)
+_ROWS_192_GAIN = 1.17
 
 _WGMMA_CANDIDATES = {
     64: ((128, 2, 2), (128, 1, 2)),
@@ -223,8 +242,8 @@ def search_space(head_dim: int) -> list:
     """Every config the planner may consider for ``head_dim``, in preference order: the wgmma tiles (which fit
     sm_90a alone, ``needs_arch``: the warp-specialised TMA tiles first), then the mma.sync tiles that run on every
     sm_80+ GPU."""
-    return ([FwdTmaConfig(head_dim=head_dim, block_n=n, stages=s, pingpong=pp) for pp in (True, False)
-             for n, s in _TMA_CANDIDATES[head_dim]]
+    return ([FwdTmaConfig(head_dim=head_dim, block_n=n, stages=s, consumers=c, pingpong=pp)
+             for n, s, c, pp in _TMA_CANDIDATES[head_dim]]
             + [FwdWgmmaConfig(head_dim=head_dim, block_n=n, warpgroups=w, stages=s)
              for n, w, s in _WGMMA_CANDIDATES[head_dim]]
             + [FwdConfig(head_dim=head_dim, block_m=m, block_n=n, warps=w, stages=s)
@@ -243,7 +262,8 @@ def plannable(spec: DeviceSpec, head_dim: int) -> list[FwdConfig]:
         found.append(tuned.config)
     space = search_space(head_dim)
     no_tma = [c for c in space if not needs_tensor_maps(c)]  # without cuda-bindings, or a stride 0
-    for order in (space, no_tma, sorted(space, key=lambda c: c.block_m != 64)):
+    two_consumers = sorted(space, key=lambda c: getattr(c, "consumers", 2) == 3)  # head dim 64, fewer waves
+    for order in (space, no_tma, sorted(space, key=lambda c: c.block_m != 64), two_consumers):
         fitting = [c for c in order if tiling.fits(c, spec) is None]
         if fitting and fitting[0] not in found:
             found.append(fitting[0])
@@ -323,7 +343,16 @@ def plan_forward(problem: FwdProblem, spec: DeviceSpec) -> tiling.Plan:
     if no_tma and spec.arch == "sm_90a":
         reason += f" (no TMA tile: {no_tma})"
     tma_first = any(needs_tensor_maps(c) and tiling.fits(c, spec) is None for c in candidates)
-    if tma_first:
+    if tma_first and problem.head_dim == 64:
+        waves = {m: -(-problem.heads * problem.query_tiles(m) // spec.sm_count) for m in (128, 192)}
+        if waves[192] * 1.5 / _ROWS_192_GAIN < waves[128]:
+            reason = (f"warp-specialised TMA tile of 192 rows: {waves[192]} waves against {waves[128]} of 128 rows "
+                      f"(each {1.5 / _ROWS_192_GAIN:.2f}x as long); " + reason)
+        else:
+            candidates = sorted(candidates, key=lambda c: getattr(c, "consumers", 2) == 3)
+            reason = (f"warp-specialised TMA tile of 128 rows: {waves[128]} waves against {waves[192]} of 192 rows "
+                      f"({1.5 / _ROWS_192_GAIN:.2f}x as long each); " + reason)
+    elif tma_first:
         reason = "warp-specialised TMA tile (first on sm_90a, any grid); " + reason
     elif ctas_128 < spec.sm_count:
         candidates = sorted(candidates, key=lambda c: c.block_m != 64)

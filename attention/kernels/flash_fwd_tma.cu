@@ -11,13 +11,15 @@
 // a sequence's end inside the packed tensor are the next sequence's, masked like any key past seq_kv and never
 // stored as query rows.
 //
-// Grid: (query tiles, heads, batch) as flash_fwd_wgmma, heaviest (last) query tiles first; BLOCK_M = 128.
-// Block: 384 threads = three warpgroups.
+// Grid: (query tiles, heads, batch) as flash_fwd_wgmma, heaviest (last) query tiles first; BLOCK_M = 64 x
+// CONSUMERS (128 or, at head dim 64, 192: each K/V stage then feeds 1.5x the query rows).
+// Block: 128 x (CONSUMERS + 1) threads = a producer warpgroup and CONSUMERS consumer warpgroups.
 //   warpgroup 0, the producer (setmaxnreg 32): lane 0 of warp 0 loads Q once (q_bar), then per visible KV tile j
-//     waits until K's slot of stage j % STAGES is free (empty_k: both consumers' Q K^T of the tile that held it
-//     are done) and loads K (full_k), then the same for V (empty_v after both consumers' P V; full_v); each
+//     waits until K's slot of stage j % STAGES is free (empty_k: every consumer's Q K^T of the tile that held it
+//     is done) and loads K (full_k), then the same for V (empty_v after every consumer's P V; full_v); each
 //     barrier is told the bytes it must see first. K is freed a GEMM earlier than V, so the next K arrives sooner.
-//   warpgroups 1 and 2, the consumers (setmaxnreg 232): consumer c owns query rows [64 c, 64 c + 64). Per tile:
+//   warpgroups 1.., the consumers (setmaxnreg 232 with two, 160 with three: the register file split so that the
+//     producer keeps 32): consumer c owns query rows [64 c, 64 c + 64). Per tile:
 //       S(j+1) = Q K(j+1)^T      issued (wgmma m64n{BLOCK_N}k16, both operands from shared memory)
 //       O += P(j) V(j)           issued (P from registers, V MN-major in shared memory)
 //       wait for S(j+1), release K(j+1); masks and softmax of S(j+1) (new max, exponentials, row sums) while
@@ -34,14 +36,18 @@
 
 using namespace attn;
 
-template <typename T, int HEAD_DIM, int BLOCK_N, int STAGES, bool PINGPONG, int MASK>
-__global__ void __launch_bounds__(384, 1)
+template <typename T, int HEAD_DIM, int BLOCK_N, int STAGES, bool PINGPONG, int MASK, int CONSUMERS = 2>
+__global__ void __launch_bounds__(128 * (CONSUMERS + 1), 1)
 flash_fwd_tma(const __grid_constant__ tma::TensorMap q_map, const __grid_constant__ tma::TensorMap k_map,
               const __grid_constant__ tma::TensorMap v_map, T* __restrict__ o, float* __restrict__ lse,
               const int* __restrict__ q_ids, const int* __restrict__ kv_ids, const int2* __restrict__ q_tile_ids,
               const int2* __restrict__ kv_tile_ids, int seq_q, int seq_kv, int heads, int kv_group,
               int window_left, int window_right, float scale_log2, int batch) {
-    constexpr int BLOCK_M = 128;
+    constexpr int BLOCK_M = 64 * CONSUMERS;
+    // the consumers' registers: what the producer's 32 leave of the 64 K register file, a multiple of 8, <= 232
+    constexpr int CONSUMER_REGS = CONSUMERS == 2 ? 232 : 160;
+    static_assert(CONSUMERS == 2 || CONSUMERS == 3, "two or three consumer warpgroups");
+    static_assert(128 * 32 + 128 * CONSUMERS * CONSUMER_REGS <= 65536, "register file");
     constexpr int CHUNKS = HEAD_DIM / 8;  // 16-byte chunks per row
     constexpr int NT = BLOCK_N / 8;       // 8-column tiles of S
     constexpr int DT = HEAD_DIM / 8;      // 8-column tiles of O
@@ -69,8 +75,8 @@ flash_fwd_tma(const __grid_constant__ tma::TensorMap q_map, const __grid_constan
         for (int s = 0; s < STAGES; ++s) {
             tma::mbar_init(full_k + 8 * s, 1);
             tma::mbar_init(full_v + 8 * s, 1);
-            tma::mbar_init(empty_k + 8 * s, 2);
-            tma::mbar_init(empty_v + 8 * s, 2);
+            tma::mbar_init(empty_k + 8 * s, CONSUMERS);
+            tma::mbar_init(empty_v + 8 * s, CONSUMERS);
         }
         tma::fence_mbar_init();
     }
@@ -137,7 +143,7 @@ flash_fwd_tma(const __grid_constant__ tma::TensorMap q_map, const __grid_constan
     }
 
     // -------------------------------------------------------------------- consumers
-    ws::regs_inc<232>();
+    ws::regs_inc<CONSUMER_REGS>();
     if (!enter()) return;
     const int m0 = m_block * BLOCK_M;
     const auto tiles = kv_tiles();
@@ -184,20 +190,21 @@ flash_fwd_tma(const __grid_constant__ tma::TensorMap q_map, const __grid_constan
     auto release = [&](unsigned bars, int stage) {  // empty_k or empty_v
         if (tg == 0) tma::mbar_arrive(bars + 8 * stage);
     };
-    // pingpong: the consumers take turns issuing their GEMMs (named barrier 3 + c: consumer c's turn), so one's
-    // tensor-core work runs while the other computes its softmax. Consumer 0 goes first; every turn ends by
-    // handing over, except consumer 1's last (the arrivals on each barrier match its waits).
+    // pingpong: the consumers take turns issuing their GEMMs in a ring (named barrier 1 + CONSUMERS + c: consumer
+    // c's turn; 1 + c is its epilogue's), so one's tensor-core work runs while the others compute their softmax.
+    // Consumer 0 goes first (the last one hands it the first turn); every turn ends by handing over to the next,
+    // except the last consumer's last turn (the arrivals on each barrier match its waits).
     auto turn_take = [&]() {
-        if constexpr (PINGPONG) ws::bar_sync(3 + cw, 256);
+        if constexpr (PINGPONG) ws::bar_sync(1 + CONSUMERS + cw, 256);
     };
     auto turn_pass = [&]() {
-        if constexpr (PINGPONG) ws::bar_arrive(3 + (cw ^ 1), 256);
+        if constexpr (PINGPONG) ws::bar_arrive(1 + CONSUMERS + (cw + 1) % CONSUMERS, 256);
     };
 
     tma::mbar_wait(q_bar, 0);  // always: the CTA may not exit with Q's copy in flight
     if (first < tiles.nb_max) {
         int nb = first, j = 0;
-        if (cw == 1) turn_pass();
+        if (cw == CONSUMERS - 1) turn_pass();
         tma::mbar_wait(full_k, 0);
         turn_take();
         issue_s(0);
@@ -235,7 +242,7 @@ flash_fwd_tma(const __grid_constant__ tma::TensorMap q_map, const __grid_constan
         wgmma::fence_operands(o_flat);
         turn_take();
         issue_pv(st);
-        if (cw == 0) turn_pass();
+        if (cw != CONSUMERS - 1) turn_pass();
         wgmma::wait<0>();
         wgmma::fence_operands(o_flat);
         release(empty_v, st);
