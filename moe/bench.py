@@ -475,9 +475,10 @@ def kernel_plans(case: bench.Case, spec) -> list[tuple[str, object, object]]:
     if p["kind"] in _ROUTING:
         route = configs.plan_route(configs.RouteProblem(tokens=p["tokens"], experts=p["experts"], top_k=p["top_k"],
                                                         dtype=p["dtype"]), spec)
-        finish = configs.plan_finish(spec)
-        plans = [(launch.ROUTE_SOURCE, route.config.name_expression(dtype=dt), route),
-                 (launch.ROUTE_SOURCE, finish.config.name_expression(), finish)]
+        plans = [(launch.ROUTE_SOURCE, route.config.name_expression(dtype=dt), route)]
+        if not route.config.finish:  # decode-sized routing finishes in its one block
+            finish = configs.plan_finish(spec)
+            plans.append((launch.ROUTE_SOURCE, finish.config.name_expression(), finish))
         if p["kind"] == "route":
             return plans
         scatter = configs.plan_scatter(spec)

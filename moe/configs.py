@@ -16,6 +16,9 @@ EXPERTS_PER_LANE = (1, 2, 4, 8, 16)  # moe_route's instances: experts in each la
 MAX_EXPERTS = 512  # = WARP * EXPERTS_PER_LANE[-1], and the size of moe_permute_scatter's shared arrays
 MAX_TOP_K = 8
 WARP = 32
+# routing of at most this many tokens is one launch (moe_route<..., FINISH>): the finishing kernel's launch costs
+# more than the one block's extra tokens per warp (8 at most)
+FINISH_TOKENS = 64
 
 
 def _pow2_at_least(n: int) -> int:
@@ -55,6 +58,7 @@ class RouteConfig:
     experts_per_lane: int  # one of EXPERTS_PER_LANE: experts <= 32 * experts_per_lane
     warps: int = 8
     tokens_per_warp: int = 8  # a runtime argument: more tokens per block, fewer per-block partials
+    finish: bool = False  # one block that also finishes (counts, shares, losses): no moe_route_finish launch
 
     def __post_init__(self):
         if self.experts_per_lane not in EXPERTS_PER_LANE:
@@ -71,10 +75,12 @@ class RouteConfig:
         return self.warps * self.tokens_per_warp
 
     def smem_bytes(self) -> int:
-        return self.warps * WARP * self.experts_per_lane * 8 + self.warps * 4  # probability sums, counts, z sums
+        # probability sums, counts, z sums (and the finishing block's two reductions)
+        return self.warps * WARP * self.experts_per_lane * 8 + self.warps * 4 + (8 * self.warps if self.finish else 0)
 
     def name_expression(self, *, dtype) -> str:
-        return f"moe_route<{dtypes.ctype(dtype)}, {self.experts_per_lane}, {self.warps}>"
+        finish = ", true" if self.finish else ""
+        return f"moe_route<{dtypes.ctype(dtype)}, {self.experts_per_lane}, {self.warps}{finish}>"
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -180,6 +186,11 @@ def plan_route(problem: RouteProblem, spec: DeviceSpec) -> tiling.Plan:
     tuned = tiling.override(spec, "moe.route", lambda raw: RouteConfig(experts_per_lane=epl, **raw))
     if tuned is not None:
         return tuned
+    if problem.tokens <= FINISH_TOKENS:  # decode-sized: one block routes and finishes, one launch
+        tpw = _pow2_at_least(-(-problem.tokens // 8))
+        return tiling.choose([RouteConfig(experts_per_lane=epl, warps=8, tokens_per_warp=tpw, finish=True)], spec,
+                             reason=f"experts {problem.experts} -> {epl} per lane; {problem.tokens} tokens <= "
+                             f"{FINISH_TOKENS}: one block that also finishes (no moe_route_finish launch)")
     candidates = []
     for warps in (8, 4):
         per_warp = -(-problem.tokens // (warps * 4 * spec.sm_count))

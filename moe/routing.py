@@ -148,12 +148,14 @@ class RouteCall:
             self.layout[field] = (scalars + 4 * i, (), "fp32")
         P = _launch.Ptr  # 0: logits, 1: the allocation
         dt = dtypes.from_name(problem.dtype)
+        if cfg.finish and nblk != 1:
+            raise ValueError(f"{cfg}: a finishing route config needs one block, {tokens} tokens make {nblk}")
         self.route = _launch.Launcher(
             launch.kernel(launch.ROUTE_SOURCE, cfg.name_expression(dtype=dt)), (nblk,), (cfg.threads,),
             (P(0), np.int32(tokens), np.int32(experts), np.int32(top_k), np.int32(cfg.block_tokens),
              np.int32(SCORINGS.index(scoring)), np.int32(bool(renormalize)), *self._at("weights", "experts",
-             "blk_counts", "blk_prob", "blk_z", "ticket")))
-        self.finish = _launch.Launcher(
+             "blk_counts", "blk_prob", "blk_z", "ticket", "block_base", "counts", "mean_prob", "share", "scalars")))
+        self.finish = None if cfg.finish else _launch.Launcher(
             launch.kernel(launch.ROUTE_SOURCE, finish.name_expression()), (-(-experts // 32),), (32, 32),
             (*self._at("blk_counts", "blk_prob", "blk_z"), np.int32(nblk), np.int32(tokens), np.int32(experts),
              np.int32(top_k), *self._at("block_base", "counts", "mean_prob", "share", "scalars", "ticket")))
@@ -166,7 +168,8 @@ class RouteCall:
         """Launch both kernels writing the allocation at ``base``."""
         ptrs = (logits_ptr, base)
         self.route.launch(stream, ptrs)
-        self.finish.launch(stream, ptrs)
+        if self.finish is not None:
+            self.finish.launch(stream, ptrs)
 
     def __call__(self, logits_ptr: int) -> Routing:
         f = self.frame

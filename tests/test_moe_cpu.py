@@ -120,6 +120,16 @@ def test_planners_fit_every_profile(spec):
         tiling.check_fits(plan.config, spec)
 
 
+def test_decode_sized_routing_is_one_block_that_finishes():
+    spec = PROFILES[0]
+    for tokens in (1, 7, 16, configs.FINISH_TOKENS):
+        cfg = configs.plan_route(configs.RouteProblem(tokens=tokens, experts=64, top_k=2, dtype="bf16"), spec).config
+        assert cfg.finish and cfg.block_tokens >= tokens and "true" in cfg.name_expression(dtype=dtypes.BF16)
+    cfg = configs.plan_route(configs.RouteProblem(tokens=configs.FINISH_TOKENS + 1, experts=64, top_k=2,
+                                                  dtype="bf16"), spec).config
+    assert not cfg.finish
+
+
 def test_route_takes_up_to_max_experts():
     assert configs.MAX_EXPERTS == 512 and configs.experts_per_lane(512) == 16
     with pytest.raises(ValueError, match="experts = 513: moe_route supports 1..512"):

@@ -156,11 +156,12 @@ def skinny_cases():
 def moe_cases():
     import moe
 
-    logits = dtypes.random((300, 60), dtypes.BF16, seed=3)
-    r = moe.route(logits, 4)
-    d = moe.permute(r, block_m=64)
-    x = dtypes.random((300, 136), dtypes.BF16, seed=4)
-    moe.combine(moe.gather(x, d), d, r)
+    for tokens in (300, 37):  # 37: decode-sized routing, one block that also finishes
+        logits = dtypes.random((tokens, 60), dtypes.BF16, seed=3)
+        r = moe.route(logits, 4)
+        d = moe.permute(r, block_m=64)
+        x = dtypes.random((tokens, 136), dtypes.BF16, seed=4)
+        moe.combine(moe.gather(x, d), d, r)
 
 
 def decode_cases():

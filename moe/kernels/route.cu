@@ -18,6 +18,10 @@
 //   Every sum has a fixed order (per lane in token order, then over warps in warp order): results are
 //   bitwise reproducible.
 //
+//   FINISH (one block, tokens <= block_tokens: decode-sized batches): the block writes what moe_route_finish
+//   would (counts, mean probabilities, shares, blk_base = 0, the three scalars) instead of its partials, so the
+//   routing is one launch.
+//
 // moe_route_finish
 //   grid ceil(experts / 32) blocks of 32 x 32 threads; x = expert, y = a group of consecutive blocks.
 //   Reduces the per-block partials per expert (fixed order), writes counts, mean probabilities, usage shares
@@ -50,11 +54,13 @@ __device__ __forceinline__ void lane_head(const unsigned (&khi)[EPL], unsigned t
     }
 }
 
-template <typename T, int EPL, int WARPS>
+template <typename T, int EPL, int WARPS, bool FINISH = false>
 __global__ void __launch_bounds__(WARPS * 32)
 moe_route(const T* __restrict__ logits, int tokens, int experts, int top_k, int block_tokens, int scoring,
           int renormalize, float* __restrict__ weights, int* __restrict__ topk_ids, int* __restrict__ blk_counts,
-          float* __restrict__ blk_probsum, float* __restrict__ blk_zsum, unsigned* __restrict__ ticket) {
+          float* __restrict__ blk_probsum, float* __restrict__ blk_zsum, unsigned* __restrict__ ticket,
+          int* __restrict__ blk_base, int* __restrict__ counts, float* __restrict__ mean_prob,
+          float* __restrict__ share, float* __restrict__ scalars) {
     constexpr int MAX_E = 32 * EPL;
     static_assert(EPL <= 32, "a lane's chosen experts are one bit each of a 32-bit mask");
     __shared__ float s_prob[WARPS][MAX_E];
@@ -154,15 +160,42 @@ moe_route(const T* __restrict__ logits, int tokens, int experts, int top_k, int 
     }
     if (lane == 0) s_z[warp] = zsum;
     __syncthreads();
+    // FINISH: the totals are this block's; aux_loss and the count variance summed per thread, then over the block
+    const float slots = float(tokens) * float(top_k), mean = slots / float(experts);
+    float aux = 0.f, var = 0.f;
     for (int e = threadIdx.x; e < experts; e += WARPS * 32) {
         float p = 0.f;
         int c = 0;
 #pragma unroll
         for (int w = 0; w < WARPS; ++w) p += s_prob[w][e], c += s_count[w][e];
-        blk_probsum[(long long)blockIdx.x * experts + e] = p;
-        blk_counts[(long long)blockIdx.x * experts + e] = c;
+        if constexpr (FINISH) {
+            const float mp = p / float(tokens), sh = float(c) / slots;
+            counts[e] = c;
+            blk_base[e] = 0;
+            mean_prob[e] = mp;
+            share[e] = sh;
+            aux += sh * mp;
+            var += (float(c) - mean) * (float(c) - mean);
+        } else {
+            blk_probsum[(long long)blockIdx.x * experts + e] = p;
+            blk_counts[(long long)blockIdx.x * experts + e] = c;
+        }
     }
-    if (threadIdx.x == 0) {
+    if constexpr (FINISH) {
+        __shared__ float s_red[2][WARPS];
+        aux = warp_sum(aux), var = warp_sum(var);
+        if (lane == 0) s_red[0][warp] = aux, s_red[1][warp] = var;
+        __syncthreads();
+        if (threadIdx.x == 0) {
+            float z = 0.f;
+            aux = 0.f, var = 0.f;
+#pragma unroll
+            for (int w = 0; w < WARPS; ++w) z += s_z[w], aux += s_red[0][w], var += s_red[1][w];
+            scalars[0] = float(experts) * aux;
+            scalars[1] = z / float(tokens);
+            scalars[2] = sqrtf(var / float(experts)) / mean;
+        }
+    } else if (threadIdx.x == 0) {
         float z = 0.f;
 #pragma unroll
         for (int w = 0; w < WARPS; ++w) z += s_z[w];
