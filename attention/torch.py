@@ -47,8 +47,15 @@ def _aligned_grad(do: Tensor) -> Tensor:
     return do
 
 
-_functorch_active = torch._C._are_functorch_transforms_active
-_unwrap_tensor = torch._C._functorch.unwrap_if_dead
+# what the direct C++ entry needs (torch 2.x); without any of it, flash_attention goes through Function.apply
+_C_ENTRY = getattr(getattr(torch._C, "_FunctionBase", None), "__dict__", {}).get("apply")
+_unwrap_tensor = getattr(getattr(torch._C, "_functorch", None), "unwrap_if_dead", None)
+_are_transforms_active = getattr(torch._C, "_are_functorch_transforms_active", None)
+
+
+def _functorch_active() -> bool:
+    """True while a functorch transform is active, or when this torch lacks the pieces of the direct entry."""
+    return _C_ENTRY is None or _unwrap_tensor is None or _are_transforms_active is None or _are_transforms_active()
 
 
 def _unwrap_if_dead(x):
@@ -63,7 +70,7 @@ def _c_apply(function: type):
     as much host time as our whole forward (H100 host, 2026-11-23: 26.0 vs 12.3 us for a Function that only
     allocates its output). Callers unwrap their tensor arguments with ``_unwrap_if_dead`` and take
     ``function.apply`` itself while a transform is active (vmap, grad: ``_functorch_active()``)."""
-    return torch._C._FunctionBase.__dict__["apply"].__get__(None, function)
+    return function.apply if _C_ENTRY is None else _C_ENTRY.__get__(None, function)
 
 
 # ---------------------------------------------------------------- custom ops (what torch.compile sees)
