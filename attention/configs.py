@@ -345,13 +345,12 @@ def plan_forward(problem: FwdProblem, spec: DeviceSpec) -> tiling.Plan:
     tma_first = any(needs_tensor_maps(c) and tiling.fits(c, spec) is None for c in candidates)
     if tma_first and problem.head_dim == 64:
         waves = {m: -(-problem.heads * problem.query_tiles(m) // spec.sm_count) for m in (128, 192)}
-        if waves[192] * 1.5 / _ROWS_192_GAIN < waves[128]:
-            reason = (f"warp-specialised TMA tile of 192 rows: {waves[192]} waves against {waves[128]} of 128 rows "
-                      f"(each {1.5 / _ROWS_192_GAIN:.2f}x as long); " + reason)
-        else:
+        longer = 1.5 / _ROWS_192_GAIN  # a 192-row CTA's time over a 128-row one's
+        rows = 192 if waves[192] * longer < waves[128] else 128
+        if rows == 128:
             candidates = sorted(candidates, key=lambda c: getattr(c, "consumers", 2) == 3)
-            reason = (f"warp-specialised TMA tile of 128 rows: {waves[128]} waves against {waves[192]} of 192 rows "
-                      f"({1.5 / _ROWS_192_GAIN:.2f}x as long each); " + reason)
+        reason = (f"warp-specialised TMA tile of {rows} rows: {waves[128]} waves of 128 rows against {waves[192]} "
+                  f"of 192 ({longer:.2f}x as long each); " + reason)
     elif tma_first:
         reason = "warp-specialised TMA tile (first on sm_90a, any grid); " + reason
     elif ctas_128 < spec.sm_count:

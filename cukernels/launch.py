@@ -111,7 +111,7 @@ class Launcher:
         self._map_gather = operator.itemgetter(*(m.index for m in maps), 0) if maps else None
         self._map_bases = None
         self._lock = threading.Lock()
-        self._launch = functools.partial(_launch_kernel(), kernel.handle, *grid, *block, int(smem))
+        self._launch = functools.partial(_driver_launch(), kernel.handle, *grid, *block, int(smem))
 
     def launch(self, stream: int, ptrs: Sequence[int]) -> None:
         vals = self._gather(ptrs)
@@ -136,7 +136,7 @@ class Launcher:
 _add = operator.add
 
 
-def _launch_kernel():
+def _driver_launch():
     """CuPy's cuLaunchKernel binding (imported here: ``import cukernels`` does not import CuPy)."""
     from cupy.cuda import driver
 

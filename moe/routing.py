@@ -129,7 +129,7 @@ class RouteCall:
         self.tokens, self.experts, self.top_k = tokens, experts, top_k
         self.scoring, self.renormalize, self.frame = scoring, bool(renormalize), frame
         cfg = launch.plan(configs.plan_route, problem).config
-        finish = launch.plan(configs.plan_finish).config
+        finish = None if cfg.finish else launch.plan(configs.plan_finish).config  # one block finishes itself
         self.block_tokens = cfg.block_tokens
         nblk = -(-tokens // cfg.block_tokens)
         ws = _launch.Workspace()
