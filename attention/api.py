@@ -433,8 +433,9 @@ def flash_attention(q, k, v, *, causal=False, window=None, segment_ids=None, sof
 
 
 def forward_keyed(q, k, v, causal, window, segment_ids, softmax_scale, plan=None):
-    """``(o, lse, key)``: the forward, and the signature it was cached under (None when uncached), which a
-    backward of the same call can key on (``backward.backward_keyed``) instead of describing q, k, v again."""
+    """``(o, lse, key)``: the forward, and the cached ``ForwardCall`` that ran it (None when uncached), which a
+    backward of the same call keys on (``backward.backward_keyed``) instead of describing q, k, v again: the
+    call stands for its whole signature and hashes by identity."""
     vq, vk, vv = launch.view(q), launch.view(k), launch.view(v)
     opts = options_key(causal, window, segment_ids, softmax_scale)
     if plan is None and opts is not None and vq is not None and vk is not None and vv is not None:
@@ -445,7 +446,7 @@ def forward_keyed(q, k, v, causal, window, segment_ids, softmax_scale, plan=None
                                softmax_scale=softmax_scale)
             call = _FORWARD.put(key, ForwardCall(q, k, v, problem, None, softmax_scale, segment_ids))
         o, lse = call(vq[1], vk[1], vv[1], segment_ids)
-        return o, lse, key
+        return o, lse, call
     problem = validate(q, k, v, causal=causal, window=window, segment_ids=segment_ids, softmax_scale=softmax_scale)
     call = ForwardCall(q, k, v, problem, plan, softmax_scale, segment_ids)
     o, lse = call(*(launch.view(x)[1] for x in (q, k, v)), segment_ids)

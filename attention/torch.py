@@ -130,21 +130,26 @@ flash_attention_forward.register_autograd(_op_backward, setup_context=_setup_con
 
 
 class _FlashAttention(torch.autograd.Function):
+    # the options ride in one tuple (causal, window, softmax_scale, deterministic): each argument of an
+    # autograd.Function costs host time on the way in and a returned None on the way back
     @staticmethod
-    def forward(ctx, q, k, v, causal, window, segment_ids, softmax_scale, deterministic):
+    def forward(ctx, q, k, v, segment_ids, options):
+        causal, window, softmax_scale, _ = options
         o, lse, key = forward_keyed(q, k, v, causal, window, segment_ids, softmax_scale)
         ctx.save_for_backward(q, k, v, o, lse)
-        ctx.options = (key, causal, window, segment_ids, softmax_scale, deterministic)
+        ctx.options = (key, segment_ids, options)
         return o
 
     @staticmethod
     def backward(ctx, do):
         q, k, v, o, lse = ctx.saved_tensors
-        key, causal, window, segment_ids, softmax_scale, deterministic = ctx.options
-        dq, dk, dv = backward_keyed(key, _aligned_grad(do), q, k, v, o, lse, causal=causal, window=window,
+        key, segment_ids, (causal, window, softmax_scale, deterministic) = ctx.options
+        if not do.is_contiguous():  # contiguous: the strides are multiples of head_dim, aligned
+            do = _aligned_grad(do)
+        dq, dk, dv = backward_keyed(key, do, q, k, v, o, lse, causal=causal, window=window,
                                     segment_ids=segment_ids, softmax_scale=softmax_scale,
                                     deterministic=deterministic)
-        return dq, dk, dv, None, None, None, None, None
+        return dq, dk, dv, None, None
 
 
 _compiling = torch.compiler.is_compiling
@@ -163,9 +168,9 @@ def flash_attention(q, k, v, *, causal=False, window=None, segment_ids=None, sof
             None if softmax_scale is None else float(softmax_scale), deterministic)
         return o
     if _functorch_active():
-        return _FlashAttention.apply(q, k, v, causal, window, segment_ids, softmax_scale, deterministic)
-    return _apply(_unwrap_if_dead(q), _unwrap_if_dead(k), _unwrap_if_dead(v), causal, window,
-                  _unwrap_if_dead(segment_ids), softmax_scale, deterministic)
+        return _FlashAttention.apply(q, k, v, segment_ids, (causal, window, softmax_scale, deterministic))
+    return _apply(_unwrap_if_dead(q), _unwrap_if_dead(k), _unwrap_if_dead(v), _unwrap_if_dead(segment_ids),
+                  (causal, window, softmax_scale, deterministic))
 
 
 # ---------------------------------------------------------------- packed variable-length batches (varlen.py)

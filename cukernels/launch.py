@@ -290,6 +290,10 @@ class _Frame:
         a = make()
         return a, self.ptr(a)
 
+    def capturing(self, stream: int) -> bool:
+        """Whether ``stream`` (a raw handle; 0, the legacy stream, never is) is being captured into a graph."""
+        return bool(stream) and bool(self._capturing(stream))
+
 
 class CupyFrame(_Frame):
     """CuPy arrays: CuPy's current stream and memory pool."""
@@ -321,7 +325,7 @@ class CupyFrame(_Frame):
     def workspace(self, stream: int, nbytes: int):
         """Scratch memory for the kernels of one call (see the module doc for graph capture)."""
         mem = self._alloc(max(nbytes, 1))  # a MemoryPointer of CuPy's pool: no array object needed
-        if stream and self._capturing(stream):
+        if self.capturing(stream):
             _CAPTURED.append(mem)
         return mem, mem.ptr
 
@@ -348,6 +352,9 @@ class TorchFrame(_Frame):
         self.ptr = torch.Tensor.data_ptr  # a tensor's data pointer
         raw = getattr(torch._C, "_cuda_getCurrentRawStream", None)  # what torch's compiled code calls
         self._bytes = functools.partial(torch.empty, dtype=torch.uint8, device=self._device)
+        from cupy.cuda import runtime
+
+        self._capturing = runtime.streamIsCapturing
         if raw is not None:
             self.stream = functools.partial(raw, device_id)
         else:  # pragma: no cover - older torch

@@ -263,7 +263,6 @@ def test_through_forward_kernel():
 
 def test_torch_autograd_op():
     torch = pytest.importorskip("torch")
-    from attention.backward_reference import attention_backward_reference
     from attention.torch import flash_attention
 
     q = torch.randn(2, 300, 8, 128, device="cuda", dtype=torch.bfloat16, requires_grad=True)
@@ -281,3 +280,74 @@ def test_torch_autograd_op():
         assert ours.dtype == torch.bfloat16 and ours.shape == ref.shape
         rel = ((ours.float() - ref).norm() / ref.norm()).item()
         assert rel < 2e-2, rel
+
+
+def _backward_call(q, k, v, do, o, lse, **kw):
+    from attention import backward as bw
+    from cukernels import launch
+
+    views = [launch.view(x) for x in (do, q, k, v, o, lse)]
+    key = (*(x[0] for x in views), bw.api.options_key(kw.get("causal", False), None, None, None), False)
+    return bw._BACKWARD.get(key)
+
+
+def test_kept_workspace_back_to_back_on_one_stream():
+    """A small workspace is kept for the call's next run on the same stream: calls enqueued back to back, with
+    fresh inputs and no sync between them, each give the reference answer; the second reuses the first's memory."""
+    import cupy
+
+    from attention import flash_attention_backward
+    from attention.backward_reference import attention_backward_reference
+
+    stream = cupy.cuda.Stream(non_blocking=True)
+    runs = []
+    with stream:
+        for seed in (31, 41, 51):
+            q, k, v, do = _inputs(1, 200, 200, 4, 2, 64, "bf16", seed=seed)
+            o, lse = _o_lse(q, k, v, "bf16", causal=True)
+            runs.append(((q, k, v, do, o), flash_attention_backward(do, q, k, v, o, lse, causal=True)))
+            call = _backward_call(q, k, v, do, o, lse, causal=True)
+            assert call is not None and call.kept is not None and call.kept[0] == stream.ptr
+            if len(runs) == 1:
+                first = call.kept[2]
+            assert call.kept[2] == first  # the same workspace every call
+        stream.synchronize()
+    tol = checks.Tolerance(atol=ATOL["bf16"], naive_factor=NAIVE_FACTOR)
+    for (q, k, v, do, o), grads in runs:
+        ref = attention_backward_reference(do, q, k, v, o=o, causal=True)
+        naive = attention_backward_reference(do, q, k, v, o=o, causal=True, round_to="bf16")
+        for g, r, n, name in zip(grads, ref, naive, ("dq", "dk", "dv")):
+            checks.compare(g, r, tol=tol, naive=n, name=name).raise_if_failed()
+
+
+def test_kept_workspace_not_used_under_capture():
+    """Captured calls allocate their own workspace (the graph's), never the one kept for eager calls, and an
+    eager call after the capture does not write into the graph's."""
+    import cupy
+
+    from attention import flash_attention_backward
+    from attention.backward_reference import attention_backward_reference
+
+    q, k, v, do = _inputs(1, 200, 200, 4, 2, 64, "bf16", seed=61)
+    o, lse = _o_lse(q, k, v, "bf16")
+    stream = cupy.cuda.Stream(non_blocking=True)
+    with stream:
+        flash_attention_backward(do, q, k, v, o, lse)  # eager: keeps a workspace for this stream
+        call = _backward_call(q, k, v, do, o, lse)
+        kept = call.kept
+        stream.synchronize()
+        stream.begin_capture()
+        grads = flash_attention_backward(do, q, k, v, o, lse)
+        graph = stream.end_capture()
+        assert call.kept == kept
+        for x in grads:
+            checks.poison(x)
+        eager = flash_attention_backward(do, q, k, v, o, lse)  # kept workspace, same stream, before the replay
+        graph.launch()
+        stream.synchronize()
+    ref = attention_backward_reference(do, q, k, v, o=o)
+    naive = attention_backward_reference(do, q, k, v, o=o, round_to="bf16")
+    tol = checks.Tolerance(atol=ATOL["bf16"], naive_factor=NAIVE_FACTOR)
+    for got in (grads, eager):
+        for g, r, n, name in zip(got, ref, naive, ("dq", "dk", "dv")):
+            checks.compare(g, r, tol=tol, naive=n, name=name).raise_if_failed()

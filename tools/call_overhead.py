@@ -13,6 +13,8 @@ import sys
 
 import numpy as np
 
+CHAIN = 8  # attention ops in the chained fwd+bwd rows
+
 
 def _rows(rounds: int):
     import cupy
@@ -82,6 +84,22 @@ def _rows(rounds: int):
         return torch.autograd.grad(o, (hq, hk, hv), hdo)
     measure("torch SDPA (its own backend choice) fwd+bwd", sdpa_plain_fb, "autograd")
 
+    # eight attention ops chained (o feeds the next q), one grad: what each op adds to a model's step, where
+    # the autograd engine's start and its device thread's hand-offs are paid once per backward, not per op
+    def ours_chain():
+        o = gq
+        for _ in range(CHAIN):
+            o = at.flash_attention(o, gk, gv, causal=True)
+        return torch.autograd.grad(o, (gq, gk, gv), do)
+    measure(f"attention.torch fwd+bwd, chain of {CHAIN}", ours_chain, "autograd, one grad")
+
+    def sdpa_chain():  # in SDPA's own [batch, heads, seq, dim] layout: no transposes
+        o = hq
+        for _ in range(CHAIN):
+            o = F.scaled_dot_product_attention(o, hk, hv, is_causal=True)
+        return torch.autograd.grad(o, (hq, hk, hv), hdo)
+    measure(f"torch SDPA (its own backend choice) fwd+bwd, chain of {CHAIN}", sdpa_chain, "autograd, one grad")
+
     # MoE parts and layer, 16 tokens
     logits = cupy.random.default_rng(0).standard_normal((16, 64), dtype=cupy.float32)
     measure("moe.route", lambda: moe.route(logits, 2), "CuPy, 16 tokens x 64 experts")
@@ -106,7 +124,13 @@ def _rows(rounds: int):
     tcap = tl.capture(16)
     measure("MoELayer captured replay", tcap.replay, "torch.cuda.graph")
     measure("MoELayer captured x -> out", lambda: tcap(tx), "torch.cuda.graph + input copy")
-    return _interleaved(calls, rounds)
+    rows = _interleaved(calls, rounds)
+    host = {r["call"]: r["host us"] for r in rows}
+    for r in rows:  # what one more op in the chain costs: (chain - one op) / (CHAIN - 1)
+        if r["call"].endswith(f", chain of {CHAIN}"):
+            single = host[r["call"][:-len(f", chain of {CHAIN}")]]
+            r["what"] += f"; per added op {(r['host us'] - single) / (CHAIN - 1):.1f} us"
+    return rows
 
 
 def _interleaved(calls, rounds: int) -> list[dict]:
