@@ -181,7 +181,8 @@ class BwdTmaConfig(BwdConfig):
     into a ``stages``-deep mbarrier ring; two consumer warpgroups of 64 KV rows each (``block_n`` = 128) run the
     products of ``BwdWgmmaConfig``'s kernel, and dQ goes through shared memory into the fp32 accumulator by TMA
     reductions. Head dim 256 (``flash_bwd_tma_pair``, ``pair``): two warpgroups share one 64-row KV tile (block_m
-    64), splitting S^T / dP^T by query columns and dK / dV / dQ by head-dim halves, with the same TMA ring
+    64): one computes S^T and P^T, the other dP^T and dS^T (P^T handed over in fp32 through shared memory), and
+    both dK / dV / dQ on their head-dim halves, with the same TMA ring
     (refilled by thread 0: no producer warpgroup) and dQ reductions.
     Needs cuda-bindings and q/k/v/dO strides a tensor map can describe (``FwdProblem.tma_layout``).
     Deterministic mode pairs its instance without dQ with flash_bwd.cu's dQ kernel."""
@@ -211,9 +212,10 @@ class BwdTmaConfig(BwdConfig):
 
     def dkdv_smem_bytes(self) -> int:
         d, m, n, s = self.head_dim, self.block_m, self.block_n, self.stages
-        if self.pair:  # K, V, the Q/dO ring, dS^T and P^T, two fp32 dQ staging boxes (64 x 32), lse2/D, barriers
-            boxes = 2 * 64 * 32 * 4
-            return 2 * (2 * n * d + 2 * s * m * d + 2 * n * m) + boxes + 2 * 4 * s * m + 8 * (1 + 2 * s) + 1024
+        if self.pair:  # K, V, the Q/dO ring, dS^T, two fp32 dQ staging boxes (64 x 32: also the fp32 P^T hand-off
+            boxes = 2 * 64 * 32 * 4  # of n x m), lse2/D, barriers
+            assert boxes == 4 * n * m
+            return 2 * (2 * n * d + 2 * s * m * d + n * m) + boxes + 2 * 4 * s * m + 8 * (1 + 2 * s) + 1024
         # K, V, the Q/dO ring, two dS^T tiles, the fp32 dQ staging boxes, lse2/D, the barriers, 1 KiB alignment
         return 2 * (2 * n * d + 2 * s * m * d + 2 * n * m) + 4 * m * d + 2 * 4 * s * m + 8 * (1 + 2 * s) + 1024
 

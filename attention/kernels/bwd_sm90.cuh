@@ -4,10 +4,11 @@
 // Tiles are in shared memory as 64-element blocks of 128-byte rows with the 128-byte swizzle (wgmma.cuh): K and V
 // of BLOCK_N rows, Q and dO of BLOCK_M rows, dS^T of BLOCK_N rows x BLOCK_M columns. For one warpgroup and one
 // (q head, query tile), with S^T and dP^T [64 kv rows x BLOCK_M queries] in the m64nBLOCK_M accumulator layout:
-//   issue_sdp   S^T = K_w Q^T and dP^T = V_w dO^T, two wgmma groups (not waited for)
+//   issue_sdp   S^T = K_w Q^T and dP^T = V_w dO^T, two wgmma groups (not waited for); issue_one_t: one of them
 //   form_p      after wait<1>: P^T = 2^(S^T scale log2e - lse2[query]) in place, and rounded to T
 //   form_ds     after wait<0>: dS^T = P^T (dP^T - D[query]) rounded to T
-//   issue_dkdv  dV += P^T dO, dK += dS^T Q (A from registers, dO and Q MN-major), one group
+//   issue_dkdv  dV += P^T dO, dK += dS^T Q (A from registers, dO and Q MN-major), one group (mma_rs_group:
+//               one of the two, for a caller that fences and commits)
 //   store_ds_t  dS^T into the shared dS^T tile (the dQ product's A operand)
 //   issue_dq    a 64 x DQ_N slice of dQ_tile = dS K (both operands MN-major), one group
 //   store_dkdv  dK * scale and dV from the accumulators to global memory at the end
@@ -18,8 +19,18 @@
 
 namespace attn {
 
-// N: the query columns taken (a wgmma N; BLOCK_M, or fewer from q_st / do_st pointing at a later row of the tile:
-// the head-dim-256 TMA kernel splits the query tile between its warpgroups).
+// acc += A_w B^T over the head dim, one wgmma group (not committed here): A = K or V (BLOCK_N rows), B = Q or dO
+// (N query rows), both K-major.
+template <typename T, int HEAD_DIM, int BLOCK_M, int BLOCK_N, int N>
+__device__ __forceinline__ void mma_t_group(float (&acc)[N / 2], unsigned long long a_desc,
+                                            unsigned long long b_desc) {
+#pragma unroll
+    for (int kk = 0; kk < HEAD_DIM / 16; ++kk)
+        wgmma::mma_ss<T, N>(acc, wgmma::advance(a_desc, (kk >> 2) * (BLOCK_N * 128) + (kk & 3) * 32),
+                            wgmma::advance(b_desc, (kk >> 2) * (BLOCK_M * 128) + (kk & 3) * 32));
+}
+
+// N: the query columns taken (a wgmma N; BLOCK_M, or fewer from q_st / do_st pointing at a later row of the tile).
 template <typename T, int HEAD_DIM, int BLOCK_M, int BLOCK_N, int N = BLOCK_M>
 __device__ __forceinline__ void issue_sdp(float (&s)[N / 2], float (&dp)[N / 2], unsigned k_wg, unsigned v_wg,
                                           unsigned q_st, unsigned do_st) {
@@ -31,15 +42,21 @@ __device__ __forceinline__ void issue_sdp(float (&s)[N / 2], float (&dp)[N / 2],
     const unsigned long long k_desc = wgmma::desc_k_major(k_wg), v_desc = wgmma::desc_k_major(v_wg);
     const unsigned long long q_desc = wgmma::desc_k_major(q_st), do_desc = wgmma::desc_k_major(do_st);
     wgmma::fence();
-#pragma unroll
-    for (int kk = 0; kk < HEAD_DIM / 16; ++kk)
-        wgmma::mma_ss<T, N>(s, wgmma::advance(k_desc, (kk >> 2) * (BLOCK_N * 128) + (kk & 3) * 32),
-                            wgmma::advance(q_desc, (kk >> 2) * (BLOCK_M * 128) + (kk & 3) * 32));
+    mma_t_group<T, HEAD_DIM, BLOCK_M, BLOCK_N, N>(s, k_desc, q_desc);
     wgmma::commit();
+    mma_t_group<T, HEAD_DIM, BLOCK_M, BLOCK_N, N>(dp, v_desc, do_desc);
+    wgmma::commit();
+}
+
+// One of issue_sdp's products, one group: S^T = K_w Q^T (a_wg = K, b_st = Q) or dP^T = V_w dO^T (V, dO).
+template <typename T, int HEAD_DIM, int BLOCK_M, int BLOCK_N>
+__device__ __forceinline__ void issue_one_t(float (&acc)[BLOCK_M / 2], unsigned a_wg, unsigned b_st) {
 #pragma unroll
-    for (int kk = 0; kk < HEAD_DIM / 16; ++kk)
-        wgmma::mma_ss<T, N>(dp, wgmma::advance(v_desc, (kk >> 2) * (BLOCK_N * 128) + (kk & 3) * 32),
-                            wgmma::advance(do_desc, (kk >> 2) * (BLOCK_M * 128) + (kk & 3) * 32));
+    for (int i = 0; i < BLOCK_M / 2; ++i) acc[i] = 0.f;
+    wgmma::fence_operands(acc);
+    const unsigned long long a_desc = wgmma::desc_k_major(a_wg), b_desc = wgmma::desc_k_major(b_st);
+    wgmma::fence();
+    mma_t_group<T, HEAD_DIM, BLOCK_M, BLOCK_N, BLOCK_M>(acc, a_desc, b_desc);
     wgmma::commit();
 }
 
@@ -71,26 +88,26 @@ __device__ __forceinline__ void form_ds(const float (&p)[MT][4], const float (&d
     }
 }
 
-// rot: the query row that p_pk / ds_pk start at (their k-step kq covers query rows rot + 16 kq, modulo BLOCK_M; 0
-// but in the head-dim-256 TMA kernel, whose warpgroups hold their own query half first).
+// acc += A B over the BLOCK_M queries with A = P^T or dS^T from registers (accumulator layout of S^T) and B = dO
+// or Q (MN-major), no fence or commit: dV += P^T dO (p_pk, do_st) or dK += dS^T Q (ds_pk, q_st).
+template <typename T, int HEAD_DIM, int BLOCK_M>
+__device__ __forceinline__ void mma_rs_group(float (&acc)[HEAD_DIM / 2], const unsigned (&a_pk)[BLOCK_M / 8][2],
+                                             unsigned b_st) {
+    const unsigned long long b_desc = wgmma::desc_mn_major(b_st, BLOCK_M * 128);
+#pragma unroll
+    for (int kq = 0; kq < BLOCK_M / 16; ++kq) {
+        const unsigned a[4] = {a_pk[2 * kq][0], a_pk[2 * kq][1], a_pk[2 * kq + 1][0], a_pk[2 * kq + 1][1]};
+        wgmma::mma_rs_bt<T, HEAD_DIM>(acc, a, wgmma::advance(b_desc, kq * 16 * 128));
+    }
+}
+
 template <typename T, int HEAD_DIM, int BLOCK_M>
 __device__ __forceinline__ void issue_dkdv(float (&dv)[HEAD_DIM / 2], float (&dk)[HEAD_DIM / 2],
                                            const unsigned (&p_pk)[BLOCK_M / 8][2],
-                                           const unsigned (&ds_pk)[BLOCK_M / 8][2], unsigned q_st, unsigned do_st,
-                                           int rot = 0) {
-    const unsigned long long do_desc = wgmma::desc_mn_major(do_st, BLOCK_M * 128);
-    const unsigned long long q_desc = wgmma::desc_mn_major(q_st, BLOCK_M * 128);
+                                           const unsigned (&ds_pk)[BLOCK_M / 8][2], unsigned q_st, unsigned do_st) {
     wgmma::fence();
-#pragma unroll
-    for (int kq = 0; kq < BLOCK_M / 16; ++kq) {
-        const unsigned a[4] = {p_pk[2 * kq][0], p_pk[2 * kq][1], p_pk[2 * kq + 1][0], p_pk[2 * kq + 1][1]};
-        wgmma::mma_rs_bt<T, HEAD_DIM>(dv, a, wgmma::advance(do_desc, ((rot + kq * 16) & (BLOCK_M - 1)) * 128));
-    }
-#pragma unroll
-    for (int kq = 0; kq < BLOCK_M / 16; ++kq) {
-        const unsigned a[4] = {ds_pk[2 * kq][0], ds_pk[2 * kq][1], ds_pk[2 * kq + 1][0], ds_pk[2 * kq + 1][1]};
-        wgmma::mma_rs_bt<T, HEAD_DIM>(dk, a, wgmma::advance(q_desc, ((rot + kq * 16) & (BLOCK_M - 1)) * 128));
-    }
+    mma_rs_group<T, HEAD_DIM, BLOCK_M>(dv, p_pk, do_st);
+    mma_rs_group<T, HEAD_DIM, BLOCK_M>(dk, ds_pk, q_st);
     wgmma::commit();
 }
 

@@ -280,20 +280,26 @@ flash_bwd_tma(const __grid_constant__ tma::TensorMap q_map, const __grid_constan
 
 // Head dim 256 (flash_bwd_tma_pair). Two dK and dV accumulators of 64 x 256 fp32 do not fit one warpgroup, so
 // the two warpgroups of a 256-thread CTA share one 64-row KV tile and split the work twice:
-//   by query columns for S^T = K Q^T and dP^T = V dO^T (warpgroup w takes queries [32 w, +32) of the 64-row
-//     query tile: two m64n32 products), its masks, P^T and dS^T, which it stores (rounded to T) into the shared
-//     P^T and dS^T tiles; after a barrier it reads the other warpgroup's half of both back into registers;
+//   by product for S^T and dP^T: warpgroup 0 computes S^T = K Q^T over the whole 64-row query tile (one m64n64
+//     product), its masks and P^T in fp32, which it hands over through shared memory (in its accumulator layout,
+//     thread by thread); warpgroup 1 computes dP^T = V dO^T and, from the P^T handed over, dS^T, which it stores
+//     (rounded to T) into the shared dS^T tile for warpgroup 0 and the dQ product. Each of K and V is read once
+//     per step (a split by query columns had both warpgroups read both: 64 KB more shared-memory reads a step,
+//     on a kernel that shared-memory bandwidth bounds);
 //   by head-dim halves for dV += P^T dO, dK += dS^T Q (each warpgroup accumulates columns [128 w, +128) of both,
-//     A from registers: its own query half first, so its k-steps walk dO / Q rows from 32 w round) and for
-//     dQ = dS K (the dS^T tile and K from shared memory, 32-column passes through the warpgroup's fp32 staging
-//     box added into the accumulator by cp.reduce.async.bulk.tensor, as flash_bwd_tma).
+//     A from registers) and for dQ = dS K (the dS^T tile and K from shared memory, 32-column passes through the
+//     warpgroup's fp32 staging box added into the accumulator by cp.reduce.async.bulk.tensor, as flash_bwd_tma).
 // No producer warpgroup (a consumer at 240 registers would spill): thread 0 loads K and V once and refills each
 // ring stage (Q, dO by tensor maps, lse2 and D by bulk copies) once all eight warps have freed it, STAGES steps
-// ahead of the consumers. Before a step's P^T / dS^T stores a barrier makes sure that the other warpgroup is done
-// with the previous step's (its reads and its dQ products). Grid and CTA order as flash_bwd_tma.
+// ahead of the consumers. The P^T hand-off goes through the two staging boxes: warpgroup 0 writes it once both
+// warpgroups' last reductions of the previous step have read their box (named barrier 1), warpgroup 1 reads it
+// after barrier 2 and publishes dS^T with barrier 5; a warpgroup stages dQ into its box only after barrier 5.
+// Both warpgroups sync on each barrier (the waiting side waits there anyway; compute-sanitizer's racecheck
+// reports a producer's bar.arrive as no ordering).
 //
-// Shared memory (1024-byte aligned): K, V (64 x 256), STAGES x Q, STAGES x dO (64 x 256), dS^T and P^T (64 x 64),
-// two fp32 dQ staging boxes (64 rows x 32 columns), STAGES x lse2 and D, the barriers kv_bar, full[], empty[].
+// Shared memory (1024-byte aligned): K, V (64 x 256), STAGES x Q, STAGES x dO (64 x 256), dS^T (64 x 64), two
+// fp32 dQ staging boxes (64 rows x 32 columns; together the fp32 P^T hand-off), STAGES x lse2 and D, the
+// barriers kv_bar, full[], empty[].
 template <typename T, int HEAD_DIM, int BLOCK_M, int STAGES, int MASK, bool DQ>
 __global__ void __launch_bounds__(256, 1)
 flash_bwd_tma_pair(const __grid_constant__ tma::TensorMap q_map, const __grid_constant__ tma::TensorMap k_map,
@@ -304,8 +310,7 @@ flash_bwd_tma_pair(const __grid_constant__ tma::TensorMap q_map, const __grid_co
                    const int2* __restrict__ kv_tile_ids, int seq_q, int seq_kv, int seq_pad, int heads, int kv_group,
                    int window_left, int window_right, float scale_log2, float scale, int batch, int head_chunk) {
     constexpr int BLOCK_N = 64;
-    constexpr int QH = BLOCK_M / 2;     // query columns of S^T per warpgroup
-    constexpr int QT = QH / 8;          // their 8-column tiles
+    constexpr int MT = BLOCK_M / 8;     // 8-column tiles of S^T / dP^T
     constexpr int HALF = HEAD_DIM / 2;  // head-dim columns of dK / dV / dQ per warpgroup
     constexpr int HT = HALF / 8;
     constexpr int BLOCKS = HEAD_DIM / 64;
@@ -322,10 +327,9 @@ flash_bwd_tma_pair(const __grid_constant__ tma::TensorMap q_map, const __grid_co
     const unsigned sK = (raw0 + 1023) & ~1023u;  // smem_bytes() reserves the slack
     unsigned char* smem = smem_raw + (sK - raw0);
     const unsigned sV = sK + KV_BYTES, sQ = sV + KV_BYTES, sdO = sQ + STAGES * Q_BYTES, sdS = sdO + STAGES * Q_BYTES;
-    const unsigned sP = sdS + DS_BYTES, sBox = sP + DS_BYTES, sL = sBox + 2 * DQ_BOX, sD = sL + STAGES * BLOCK_M * 4;
+    const unsigned sBox = sdS + DS_BYTES, sL = sBox + 2 * DQ_BOX, sD = sL + STAGES * BLOCK_M * 4;
     const unsigned kv_bar = sD + STAGES * BLOCK_M * 4, full = kv_bar + 8, empty = full + 8 * STAGES;
     unsigned char* ds_base = smem + (sdS - sK);
-    unsigned char* p_base = smem + (sP - sK);
     const float* lse_s = reinterpret_cast<const float*>(smem + (sL - sK));
     const float* d_s = reinterpret_cast<const float*>(smem + (sD - sK));
 
@@ -391,7 +395,6 @@ flash_bwd_tma_pair(const __grid_constant__ tma::TensorMap q_map, const __grid_co
 
     const int wrow = 16 * (warp & 3);  // both warpgroups: kv rows wrow + g, wrow + g + 8 of the tile
     const int kv_row = n0 + wrow + g;
-    const int qc = QH * wg;  // this warpgroup's query columns of S^T: [qc, qc + QH)
     int kvid[2] = {0, 0};
     if constexpr (SEGMENTS) {
         kvid[0] = kv_ids[(long long)b * seq_kv + min(kv_row, seq_kv - 1)];
@@ -410,53 +413,71 @@ flash_bwd_tma_pair(const __grid_constant__ tma::TensorMap q_map, const __grid_co
         const unsigned q_st = sQ + st * Q_BYTES, do_st = sdO + st * Q_BYTES;
         tma::mbar_wait(full + 8 * st, (j / STAGES) & 1);
 
-        // S^T = K Q^T and dP^T = V dO^T for this warpgroup's query columns (two groups)
-        float s[QT][4], dp[QT][4];
-        float(&s_flat)[QT * 4] = reinterpret_cast<float(&)[QT * 4]>(s);
-        float(&dp_flat)[QT * 4] = reinterpret_cast<float(&)[QT * 4]>(dp);
-        issue_sdp<T, HEAD_DIM, BLOCK_M, BLOCK_N, QH>(s_flat, dp_flat, sK, sV, q_st + qc * 128, do_st + qc * 128);
-        wgmma::wait<1>();
-        wgmma::fence_operands(s_flat);
-        if (tiles.needs_mask(mb))
-            mask_scores_t<QT, WINDOW, SEGMENTS>(s, m0 + qc, kv_row, seq_q, seq_kv, shift, window_left, window_right,
-                                                q_ids + (long long)b * seq_q, kvid, t);
-        // P^T and dS^T rounded to T for all 64 queries: this warpgroup's half in tiles [0, QT), the other's after
-        unsigned p_pk[2 * QT][2], ds_pk[2 * QT][2];
-        unsigned(&p_own)[QT][2] = reinterpret_cast<unsigned(&)[QT][2]>(p_pk[0]);
-        unsigned(&ds_own)[QT][2] = reinterpret_cast<unsigned(&)[QT][2]>(ds_pk[0]);
-        form_p<T, QT>(s, p_own, lse_s + st * BLOCK_M + qc, scale_log2, t);
+        // S^T = K Q^T on warpgroup 0, dP^T = V dO^T on warpgroup 1, each over all BLOCK_M queries (K and V are
+        // read from shared memory once per step, not once per warpgroup)
+        float acc[MT][4];
+        float(&acc_flat)[BLOCK_M / 2] = reinterpret_cast<float(&)[BLOCK_M / 2]>(acc);
+        issue_one_t<T, HEAD_DIM, BLOCK_M, BLOCK_N>(acc_flat, wg == 0 ? sK : sV, wg == 0 ? q_st : do_st);
+        if constexpr (DQ) {
+            if (tg == 0) tma::store_wait_read();  // the previous step's last reduction has read this box
+        }
         wgmma::wait<0>();
-        wgmma::fence_operands(dp_flat);
-        form_ds<T, QT>(s, dp, ds_own, d_s + st * BLOCK_M + qc, t);
-
-        // hand the halves over: the other warpgroup is done with the previous step's tiles first
-        ws::bar_sync(2, 256);
-#pragma unroll
-        for (int i = 0; i < QT; ++i) {
-#pragma unroll
-            for (int hh = 0; hh < 2; ++hh) {
-                const int off = wgmma::blocked_offset<BLOCK_N>(wrow + g + 8 * hh, qc / 8 + i) + 4 * t;
-                *reinterpret_cast<unsigned*>(p_base + off) = p_own[i][hh];
-                *reinterpret_cast<unsigned*>(ds_base + off) = ds_own[i][hh];
-            }
-        }
-        wgmma::fence_proxy_async();  // dS^T is the dQ product's operand
-        ws::bar_sync(1, 256);
-#pragma unroll
-        for (int i = 0; i < QT; ++i) {
-#pragma unroll
-            for (int hh = 0; hh < 2; ++hh) {
-                const int off = wgmma::blocked_offset<BLOCK_N>(wrow + g + 8 * hh, (QH - qc) / 8 + i) + 4 * t;
-                p_pk[QT + i][hh] = *reinterpret_cast<const unsigned*>(p_base + off);
-                ds_pk[QT + i][hh] = *reinterpret_cast<const unsigned*>(ds_base + off);
-            }
-        }
-
-        // this warpgroup's head-dim half: dV += P^T dO, dK += dS^T Q over all 64 queries, its own half first
+        wgmma::fence_operands(acc_flat);
+        unsigned p_pk[MT][2], ds_pk[MT][2];
+        float* hand = reinterpret_cast<float*>(smem + (sBox - sK)) + tg;  // fp32 P^T [MT][4][128 threads]
+        // this warpgroup's head-dim half of dV += P^T dO and dK += dS^T Q over all BLOCK_M queries: the dV group
+        // goes out as soon as P^T is in registers, so it runs while dS^T is formed and handed over
         const unsigned half_off = wg * (HALF / 64) * (BLOCK_M * 128);
         wgmma::fence_operands(dv_acc);
         wgmma::fence_operands(dk_acc);
-        issue_dkdv<T, HALF, BLOCK_M>(dv_acc, dk_acc, p_pk, ds_pk, q_st + half_off, do_st + half_off, qc);
+        if (wg == 0) {
+            if (tiles.needs_mask(mb))
+                mask_scores_t<MT, WINDOW, SEGMENTS>(acc, m0, kv_row, seq_q, seq_kv, shift, window_left, window_right,
+                                                    q_ids + (long long)b * seq_q, kvid, t);
+            form_p<T, MT>(acc, p_pk, lse_s + st * BLOCK_M, scale_log2, t);
+            wgmma::fence();
+            mma_rs_group<T, HALF, BLOCK_M>(dv_acc, p_pk, do_st + half_off);
+            wgmma::commit();
+            ws::bar_sync(1, 256);  // warpgroup 1 is done with the boxes (the previous step's dQ) and its reads
+#pragma unroll
+            for (int i = 0; i < MT; ++i)
+#pragma unroll
+                for (int e = 0; e < 4; ++e) hand[(4 * i + e) * 128] = acc[i][e];
+            ws::bar_sync(2, 256);    // P^T handed over
+            ws::bar_sync(5, 256);    // dS^T in its tile
+#pragma unroll
+            for (int i = 0; i < MT; ++i)
+#pragma unroll
+                for (int hh = 0; hh < 2; ++hh)
+                    ds_pk[i][hh] = *reinterpret_cast<const unsigned*>(
+                        ds_base + wgmma::blocked_offset<BLOCK_N>(wrow + g + 8 * hh, i) + 4 * t);
+        } else {
+            ws::bar_sync(1, 256);
+            ws::bar_sync(2, 256);
+#pragma unroll
+            for (int i = 0; i < MT; ++i) {  // P^T as warpgroup 0 holds it (fp32), into acc's place beside dP^T
+                p_pk[i][0] = pack2<T>(hand[(4 * i) * 128], hand[(4 * i + 1) * 128]);
+                p_pk[i][1] = pack2<T>(hand[(4 * i + 2) * 128], hand[(4 * i + 3) * 128]);
+            }
+            wgmma::fence();
+            mma_rs_group<T, HALF, BLOCK_M>(dv_acc, p_pk, do_st + half_off);
+            wgmma::commit();
+            const float* drow = d_s + st * BLOCK_M;
+#pragma unroll
+            for (int i = 0; i < MT; ++i) {  // dS^T = P^T (dP^T - D[query])
+                const float2 d = *reinterpret_cast<const float2*>(drow + 8 * i + 2 * t);
+                ds_pk[i][0] = pack2<T>(hand[(4 * i) * 128] * (acc[i][0] - d.x),
+                                       hand[(4 * i + 1) * 128] * (acc[i][1] - d.y));
+                ds_pk[i][1] = pack2<T>(hand[(4 * i + 2) * 128] * (acc[i][2] - d.x),
+                                       hand[(4 * i + 3) * 128] * (acc[i][3] - d.y));
+            }
+            store_ds_t<BLOCK_N, MT>(ds_base, ds_pk, wrow + g, t);
+            wgmma::fence_proxy_async();  // dS^T is the dQ product's operand
+            ws::bar_sync(5, 256);
+        }
+        wgmma::fence();
+        mma_rs_group<T, HALF, BLOCK_M>(dk_acc, ds_pk, q_st + half_off);
+        wgmma::commit();
         wgmma::wait<0>();  // P^T / dS^T registers free before the dQ accumulators go live; Q, dO read
         wgmma::fence_operands(dv_acc);
         wgmma::fence_operands(dk_acc);
