@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import dataclasses
 import math
-import threading
 from pathlib import Path
 
 import numpy as np
@@ -159,7 +158,7 @@ class BackwardCall:
                 self.steps.append(launch.Launcher(conv, (min(-(-quads // 256), 32 * spec.sm_count),), (256,),
                                                   (P(11), P(6), np.int64(quads), np.float32(scale))))
         self.new_grads = tuple(self.frame.allocator(shape, self.dtype) for shape in self.shapes)
-        self.kept = None  # (stream, thread, pointer, workspace) of a small workspace kept for the next call
+        self.workspace = launch.KeptWorkspace(self.ws_bytes)  # lse2, D, the dQ accumulator: scratch only
 
     def __call__(self, ptrs: tuple[int, ...], lse, segment_ids):
         """``ptrs``: do, q, k, v, o data pointers."""
@@ -178,13 +177,7 @@ class BackwardCall:
         dq, dk, dv = new_dq(), new_dk(), new_dv()
         ptr = f.ptr
         plse, pdq, pdk, pdv = launch.pointer(lse), ptr(dq), ptr(dk), ptr(dv)  # lse: torch or CuPy
-        kept = self.kept
-        if kept is not None and kept[0] == stream and kept[1] == _thread_id() and not f.capturing(stream):
-            pws = kept[2]
-        else:
-            ws, pws = f.workspace(stream, self.ws_bytes)
-            if self.ws_bytes <= KEEP_WORKSPACE_BYTES and not f.capturing(stream):
-                self.kept = (stream, _thread_id(), pws, ws)
+        ws, pws = self.workspace.take(f, stream)
         lse2, dsum = pws + self.ws_lse2, pws + self.ws_dsum
         accum = 0 if self.ws_accum is None else pws + self.ws_accum
         seg = [lse2] * 6  # unused by kernels without segments; any pointer will do
@@ -199,14 +192,6 @@ class BackwardCall:
         for step in self.steps:
             step.launch(stream, args)
         return dq, dk, dv
-
-
-# A call keeps a workspace of at most this many bytes for its next call on the same stream from the same thread
-# (stream order then separates one call's kernels from the next's): an allocation less per call where the host
-# time is what a small problem costs. Calls while the stream is being captured into a graph allocate afresh
-# (the graph's memory is its pool's), and a larger workspace goes back after each call.
-KEEP_WORKSPACE_BYTES = 1 << 20
-_thread_id = threading.get_ident
 
 
 def head_chunk(problem: FwdProblem, cfg: BwdConfig, sm_count: int) -> int:

@@ -419,6 +419,36 @@ def check_aligned(names: Sequence[str], ptrs: Sequence[int], align: int = 16) ->
                              f"multiple only), got address {p:#x}")
 
 
+class KeptWorkspace:
+    """A prepared call's scratch memory of ``nbytes``, kept for the call's next run when it is at most
+    ``KEEP_BYTES``: ``take(frame, stream)`` returns ``(owner, pointer)`` like ``frame.workspace``, handing back the
+    kept memory when the last run was on the same stream from the same thread (stream order then separates one
+    run's kernels from the next's) and the stream is not being captured. Runs under capture take fresh memory
+    (the graph's; never kept), and larger workspaces go back after each run, as ``frame.workspace``'s do. For
+    scratch that no output aliases and that no work outside the call's own launches reads: a kept buffer is
+    overwritten by the next run. Saves an allocation per call (3-5 us of host time) where a small problem's
+    time is the host's (docs/perf/engine.md, tenth session)."""
+
+    KEEP_BYTES = 1 << 20
+    __slots__ = ("nbytes", "kept")
+
+    def __init__(self, nbytes: int):
+        self.nbytes = nbytes
+        self.kept = None  # (stream, thread, pointer, owner) of the last run
+
+    def take(self, frame, stream: int):
+        kept = self.kept
+        if kept is not None and kept[0] == stream and kept[1] == _thread_id() and not frame.capturing(stream):
+            return kept[3], kept[2]
+        owner, ptr = frame.workspace(stream, self.nbytes)
+        if self.nbytes <= self.KEEP_BYTES and not frame.capturing(stream):
+            self.kept = (stream, _thread_id(), ptr, owner)
+        return owner, ptr
+
+
+_thread_id = threading.get_ident
+
+
 class Workspace:
     """Byte offsets of a call's scratch arrays in one allocation: ``add`` returns each one's offset (256-byte
     aligned), ``nbytes`` the total."""

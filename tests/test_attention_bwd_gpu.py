@@ -307,10 +307,12 @@ def test_kept_workspace_back_to_back_on_one_stream():
             o, lse = _o_lse(q, k, v, "bf16", causal=True)
             runs.append(((q, k, v, do, o), flash_attention_backward(do, q, k, v, o, lse, causal=True)))
             call = _backward_call(q, k, v, do, o, lse, causal=True)
-            assert call is not None and call.kept is not None and call.kept[0] == stream.ptr
+            assert call is not None
+            kept = call.workspace.kept
+            assert kept is not None and kept[0] == stream.ptr
             if len(runs) == 1:
-                first = call.kept[2]
-            assert call.kept[2] == first  # the same workspace every call
+                first = kept[2]
+            assert kept[2] == first  # the same workspace every call
         stream.synchronize()
     tol = checks.Tolerance(atol=ATOL["bf16"], naive_factor=NAIVE_FACTOR)
     for (q, k, v, do, o), grads in runs:
@@ -334,12 +336,12 @@ def test_kept_workspace_not_used_under_capture():
     with stream:
         flash_attention_backward(do, q, k, v, o, lse)  # eager: keeps a workspace for this stream
         call = _backward_call(q, k, v, do, o, lse)
-        kept = call.kept
+        kept = call.workspace.kept
         stream.synchronize()
         stream.begin_capture()
         grads = flash_attention_backward(do, q, k, v, o, lse)
         graph = stream.end_capture()
-        assert call.kept == kept
+        assert call.workspace.kept == kept
         for x in grads:
             checks.poison(x)
         eager = flash_attention_backward(do, q, k, v, o, lse)  # kept workspace, same stream, before the replay

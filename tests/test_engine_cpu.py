@@ -286,3 +286,45 @@ def test_arch_specific_configs_fit_their_arch_only():
     assert "needs sm_90a" in tiling.fits(tile, device.profile("a100_80gb"))
     plan = tiling.choose([tile, _Tile(rows=64, cols=64)], device.profile("gb10"), reason="r")
     assert plan.config == _Tile(rows=64, cols=64) and "needs sm_90a" in plan.reason
+
+
+class _FakeFrame:
+    """A frame's workspace and capture status, for launch.KeptWorkspace without a GPU."""
+
+    def __init__(self):
+        self.allocated = 0
+        self.capturing_streams = set()
+
+    def workspace(self, stream, nbytes):
+        self.allocated += 1
+        owner = object()
+        return owner, 0x1000 * self.allocated
+
+    def capturing(self, stream):
+        return stream in self.capturing_streams
+
+
+def test_kept_workspace_reused_only_on_its_stream_and_thread_and_never_under_capture():
+    import threading
+
+    from cukernels import launch
+
+    f, ws = _FakeFrame(), launch.KeptWorkspace(4096)
+    first = ws.take(f, 7)
+    assert ws.take(f, 7) == first and f.allocated == 1  # same stream, same thread: kept
+    other = ws.take(f, 8)  # another stream: fresh, and kept for that stream from now on
+    assert other != first and f.allocated == 2 and ws.take(f, 8) == other
+    got = []
+    t = threading.Thread(target=lambda: got.append(ws.take(f, 8)))
+    t.start()
+    t.join()
+    assert got[0] != other and f.allocated == 3  # another thread on the same stream: fresh
+    f.capturing_streams.add(9)
+    ws.take(f, 9)
+    kept = ws.kept
+    captured = ws.take(f, 9)
+    assert f.allocated == 5 and ws.kept == kept and captured[1] != kept[2]  # under capture: fresh, never kept
+    big, fb = launch.KeptWorkspace(launch.KeptWorkspace.KEEP_BYTES + 1), _FakeFrame()
+    big.take(fb, 7)
+    big.take(fb, 7)
+    assert fb.allocated == 2 and big.kept is None  # too large to keep

@@ -9,7 +9,8 @@
 //   form_ds     after wait<0>: dS^T = P^T (dP^T - D[query]) rounded to T
 //   issue_dkdv  dV += P^T dO, dK += dS^T Q (A from registers, dO and Q MN-major), one group (mma_rs_group:
 //               one of the two, for a caller that fences and commits)
-//   store_ds_t  dS^T into the shared dS^T tile (the dQ product's A operand)
+//   store_ds_t  dS^T into the shared dS^T tile (the dQ product's A operand); load_ds_t back into registers
+//   hand_p, take_p, form_ds_handed: the pair kernels' fp32 P^T hand-off between their warpgroups
 //   issue_dq    a 64 x DQ_N slice of dQ_tile = dS K (both operands MN-major), one group
 //   store_dkdv  dK * scale and dV from the accumulators to global memory at the end
 #pragma once
@@ -30,21 +31,20 @@ __device__ __forceinline__ void mma_t_group(float (&acc)[N / 2], unsigned long l
                             wgmma::advance(b_desc, (kk >> 2) * (BLOCK_M * 128) + (kk & 3) * 32));
 }
 
-// N: the query columns taken (a wgmma N; BLOCK_M, or fewer from q_st / do_st pointing at a later row of the tile).
-template <typename T, int HEAD_DIM, int BLOCK_M, int BLOCK_N, int N = BLOCK_M>
-__device__ __forceinline__ void issue_sdp(float (&s)[N / 2], float (&dp)[N / 2], unsigned k_wg, unsigned v_wg,
-                                          unsigned q_st, unsigned do_st) {
+template <typename T, int HEAD_DIM, int BLOCK_M, int BLOCK_N>
+__device__ __forceinline__ void issue_sdp(float (&s)[BLOCK_M / 2], float (&dp)[BLOCK_M / 2], unsigned k_wg,
+                                          unsigned v_wg, unsigned q_st, unsigned do_st) {
 #pragma unroll
-    for (int i = 0; i < N / 2; ++i) s[i] = dp[i] = 0.f;
+    for (int i = 0; i < BLOCK_M / 2; ++i) s[i] = dp[i] = 0.f;
     wgmma::fence_operands(s);
     wgmma::fence_operands(dp);
     // one descriptor per operand, advanced by constants per k-step (registers: see wgmma::advance)
     const unsigned long long k_desc = wgmma::desc_k_major(k_wg), v_desc = wgmma::desc_k_major(v_wg);
     const unsigned long long q_desc = wgmma::desc_k_major(q_st), do_desc = wgmma::desc_k_major(do_st);
     wgmma::fence();
-    mma_t_group<T, HEAD_DIM, BLOCK_M, BLOCK_N, N>(s, k_desc, q_desc);
+    mma_t_group<T, HEAD_DIM, BLOCK_M, BLOCK_N, BLOCK_M>(s, k_desc, q_desc);
     wgmma::commit();
-    mma_t_group<T, HEAD_DIM, BLOCK_M, BLOCK_N, N>(dp, v_desc, do_desc);
+    mma_t_group<T, HEAD_DIM, BLOCK_M, BLOCK_N, BLOCK_M>(dp, v_desc, do_desc);
     wgmma::commit();
 }
 
@@ -88,6 +88,39 @@ __device__ __forceinline__ void form_ds(const float (&p)[MT][4], const float (&d
     }
 }
 
+// The head-dim-256 pair kernels' fp32 P^T hand-off from warpgroup 0 (which computed it) to warpgroup 1 (which
+// holds dP^T in the same accumulator layout): ``hand`` is this thread's slot of a [MT][4][128 threads] float array
+// in shared memory, the same slot for the handing and the taking thread (tid % 128).
+template <int MT>
+__device__ __forceinline__ void hand_p(float* hand, const float (&p)[MT][4]) {
+#pragma unroll
+    for (int j = 0; j < MT; ++j)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) hand[(4 * j + e) * 128] = p[j][e];
+}
+
+// Warpgroup 1: P^T from the hand-off rounded to T (the dV product's A).
+template <typename T, int MT>
+__device__ __forceinline__ void take_p(const float* hand, unsigned (&p_pk)[MT][2]) {
+#pragma unroll
+    for (int j = 0; j < MT; ++j) {
+        p_pk[j][0] = pack2<T>(hand[(4 * j) * 128], hand[(4 * j + 1) * 128]);
+        p_pk[j][1] = pack2<T>(hand[(4 * j + 2) * 128], hand[(4 * j + 3) * 128]);
+    }
+}
+
+// Warpgroup 1: form_ds with P^T read from the hand-off (not held in registers beside dP^T).
+template <typename T, int MT>
+__device__ __forceinline__ void form_ds_handed(const float* hand, const float (&dp)[MT][4],
+                                               unsigned (&ds_pk)[MT][2], const float* drow, int t) {
+#pragma unroll
+    for (int j = 0; j < MT; ++j) {
+        const float2 d = *reinterpret_cast<const float2*>(drow + 8 * j + 2 * t);
+        ds_pk[j][0] = pack2<T>(hand[(4 * j) * 128] * (dp[j][0] - d.x), hand[(4 * j + 1) * 128] * (dp[j][1] - d.y));
+        ds_pk[j][1] = pack2<T>(hand[(4 * j + 2) * 128] * (dp[j][2] - d.x), hand[(4 * j + 3) * 128] * (dp[j][3] - d.y));
+    }
+}
+
 // acc += A B over the BLOCK_M queries with A = P^T or dS^T from registers (accumulator layout of S^T) and B = dO
 // or Q (MN-major), no fence or commit: dV += P^T dO (p_pk, do_st) or dK += dS^T Q (ds_pk, q_st).
 template <typename T, int HEAD_DIM, int BLOCK_M>
@@ -119,6 +152,16 @@ __device__ __forceinline__ void store_ds_t(unsigned char* ds_base, const unsigne
     for (int j = 0; j < MT; ++j) {
         *reinterpret_cast<unsigned*>(ds_base + wgmma::blocked_offset<BLOCK_N>(row, j) + 4 * t) = ds_pk[j][0];
         *reinterpret_cast<unsigned*>(ds_base + wgmma::blocked_offset<BLOCK_N>(row + 8, j) + 4 * t) = ds_pk[j][1];
+    }
+}
+
+// store_ds_t's inverse: this thread's dS^T values back from the tile (another warpgroup stored them).
+template <int BLOCK_N, int MT>
+__device__ __forceinline__ void load_ds_t(const unsigned char* ds_base, unsigned (&ds_pk)[MT][2], int row, int t) {
+#pragma unroll
+    for (int j = 0; j < MT; ++j) {
+        ds_pk[j][0] = *reinterpret_cast<const unsigned*>(ds_base + wgmma::blocked_offset<BLOCK_N>(row, j) + 4 * t);
+        ds_pk[j][1] = *reinterpret_cast<const unsigned*>(ds_base + wgmma::blocked_offset<BLOCK_N>(row + 8, j) + 4 * t);
     }
 }
 

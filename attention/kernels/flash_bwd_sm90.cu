@@ -295,63 +295,27 @@ flash_bwd_dkdv_wgmma_pair(const T* __restrict__ q, const T* __restrict__ k, cons
         // warpgroup 0: S^T = K Q^T; warpgroup 1: dP^T = V dO^T
         float acc[MT][4];
         float(&acc_flat)[MT * 4] = reinterpret_cast<float(&)[MT * 4]>(acc);
-#pragma unroll
-        for (int i = 0; i < MT * 4; ++i) acc_flat[i] = 0.f;
-        // one descriptor per operand, advanced by constants per k-step (registers: see wgmma::advance)
-        const unsigned long long a_desc = wgmma::desc_k_major(wg == 0 ? sK : sV);
-        const unsigned long long b_desc = wgmma::desc_k_major(wg == 0 ? q_st : do_st);
-        wgmma::fence();
-#pragma unroll
-        for (int kk = 0; kk < HEAD_DIM / 16; ++kk)
-            wgmma::mma_ss<T, BLOCK_M>(acc_flat, wgmma::advance(a_desc, (kk >> 2) * (BLOCK_N * 128) + (kk & 3) * 32),
-                                      wgmma::advance(b_desc, (kk >> 2) * (BLOCK_M * 128) + (kk & 3) * 32));
-        wgmma::commit();
+        issue_one_t<T, HEAD_DIM, BLOCK_M, BLOCK_N>(acc_flat, wg == 0 ? sK : sV, wg == 0 ? q_st : do_st);
         wgmma::wait<0>();
 
         unsigned p_pk[MT][2], ds_pk[MT][2];
+        float* hand = sP + wtid;
         if (wg == 0) {
             if constexpr (MASKED)
                 mask_scores_t<MT, WINDOW, SEGMENTS>(acc, m0, kv_row, seq_q, seq_kv, shift, window_left, window_right,
                                                     q_ids + (long long)b * seq_q, kvid, t);
-            const float* lrow = sL + stage * BLOCK_M;
-#pragma unroll
-            for (int j = 0; j < MT; ++j) {
-                const float2 l = *reinterpret_cast<const float2*>(lrow + 8 * j + 2 * t);
-#pragma unroll
-                for (int e = 0; e < 4; ++e) {
-                    acc[j][e] = exp2_approx(fmaf(acc[j][e], scale_log2, -((e & 1) ? l.y : l.x)));
-                    sP[(4 * j + e) * 128 + wtid] = acc[j][e];
-                }
-                p_pk[j][0] = pack2<T>(acc[j][0], acc[j][1]);
-                p_pk[j][1] = pack2<T>(acc[j][2], acc[j][3]);
-            }
+            form_p<T, MT>(acc, p_pk, sL + stage * BLOCK_M, scale_log2, t);
+            hand_p<MT>(hand, acc);
         }
         __syncthreads();  // P^T handed over
         if (wg == 1) {
-            const float* drow = sD + stage * BLOCK_M;
-#pragma unroll
-            for (int j = 0; j < MT; ++j) {
-                const float2 d = *reinterpret_cast<const float2*>(drow + 8 * j + 2 * t);
-                float p[4];
-#pragma unroll
-                for (int e = 0; e < 4; ++e) p[e] = sP[(4 * j + e) * 128 + wtid];
-                p_pk[j][0] = pack2<T>(p[0], p[1]);
-                p_pk[j][1] = pack2<T>(p[2], p[3]);
-                ds_pk[j][0] = pack2<T>(p[0] * (acc[j][0] - d.x), p[1] * (acc[j][1] - d.y));
-                ds_pk[j][1] = pack2<T>(p[2] * (acc[j][2] - d.x), p[3] * (acc[j][3] - d.y));
-            }
+            take_p<T, MT>(hand, p_pk);
+            form_ds_handed<T, MT>(hand, acc, ds_pk, sD + stage * BLOCK_M, t);
             store_ds_t<BLOCK_N, MT>(ds_base, ds_pk, wrow + g, t);
         }
         wgmma::fence_proxy_async();
         __syncthreads();  // dS^T in place
-        if (wg == 0) {
-#pragma unroll
-            for (int j = 0; j < MT; ++j) {
-                ds_pk[j][0] = *reinterpret_cast<const unsigned*>(ds_base + wgmma::blocked_offset<BLOCK_N>(wrow + g, j) + 4 * t);
-                ds_pk[j][1] =
-                    *reinterpret_cast<const unsigned*>(ds_base + wgmma::blocked_offset<BLOCK_N>(wrow + g + 8, j) + 4 * t);
-            }
-        }
+        if (wg == 0) load_ds_t<BLOCK_N, MT>(ds_base, ds_pk, wrow + g, t);
 
         // this warpgroup's head-dim half: dV += P^T dO, dK += dS^T Q
         const unsigned half_off = wg * (HALF / 64) * (BLOCK_M * 128);

@@ -439,38 +439,18 @@ flash_bwd_tma_pair(const __grid_constant__ tma::TensorMap q_map, const __grid_co
             mma_rs_group<T, HALF, BLOCK_M>(dv_acc, p_pk, do_st + half_off);
             wgmma::commit();
             ws::bar_sync(1, 256);  // warpgroup 1 is done with the boxes (the previous step's dQ) and its reads
-#pragma unroll
-            for (int i = 0; i < MT; ++i)
-#pragma unroll
-                for (int e = 0; e < 4; ++e) hand[(4 * i + e) * 128] = acc[i][e];
-            ws::bar_sync(2, 256);    // P^T handed over
-            ws::bar_sync(5, 256);    // dS^T in its tile
-#pragma unroll
-            for (int i = 0; i < MT; ++i)
-#pragma unroll
-                for (int hh = 0; hh < 2; ++hh)
-                    ds_pk[i][hh] = *reinterpret_cast<const unsigned*>(
-                        ds_base + wgmma::blocked_offset<BLOCK_N>(wrow + g + 8 * hh, i) + 4 * t);
+            hand_p<MT>(hand, acc);
+            ws::bar_sync(2, 256);  // P^T handed over
+            ws::bar_sync(5, 256);  // dS^T in its tile
+            load_ds_t<BLOCK_N, MT>(ds_base, ds_pk, wrow + g, t);
         } else {
             ws::bar_sync(1, 256);
             ws::bar_sync(2, 256);
-#pragma unroll
-            for (int i = 0; i < MT; ++i) {  // P^T as warpgroup 0 holds it (fp32), into acc's place beside dP^T
-                p_pk[i][0] = pack2<T>(hand[(4 * i) * 128], hand[(4 * i + 1) * 128]);
-                p_pk[i][1] = pack2<T>(hand[(4 * i + 2) * 128], hand[(4 * i + 3) * 128]);
-            }
+            take_p<T, MT>(hand, p_pk);
             wgmma::fence();
             mma_rs_group<T, HALF, BLOCK_M>(dv_acc, p_pk, do_st + half_off);
             wgmma::commit();
-            const float* drow = d_s + st * BLOCK_M;
-#pragma unroll
-            for (int i = 0; i < MT; ++i) {  // dS^T = P^T (dP^T - D[query])
-                const float2 d = *reinterpret_cast<const float2*>(drow + 8 * i + 2 * t);
-                ds_pk[i][0] = pack2<T>(hand[(4 * i) * 128] * (acc[i][0] - d.x),
-                                       hand[(4 * i + 1) * 128] * (acc[i][1] - d.y));
-                ds_pk[i][1] = pack2<T>(hand[(4 * i + 2) * 128] * (acc[i][2] - d.x),
-                                       hand[(4 * i + 3) * 128] * (acc[i][3] - d.y));
-            }
+            form_ds_handed<T, MT>(hand, acc, ds_pk, d_s + st * BLOCK_M, t);
             store_ds_t<BLOCK_N, MT>(ds_base, ds_pk, wrow + g, t);
             wgmma::fence_proxy_async();  // dS^T is the dQ product's operand
             ws::bar_sync(5, 256);
