@@ -3,7 +3,8 @@ number of key splits.
 
 A ``DecodeConfig`` is one instance of ``flash_decode``: ``warps`` warps, each taking 16 keys of every stage of a
 ``stages``-deep cp.async ring (a stage holds ``16 * warps`` keys of K and of V), one 16-row tile of packed query
-rows. Shared memory: the Q tile plus the ring, 2-byte elements; the warps' merge reuses the ring.
+rows. Shared memory: the Q tile plus the ring, 2-byte elements (dynamic), and a paged cache's per-group offsets
+(static); the warps' merge reuses the ring.
 
 ``plan_splits`` cuts each sequence's keys into splits so that the grid (splits x kv heads x row tiles x batch)
 fills the GPU in whole waves, never below one stage of keys per split.
@@ -61,8 +62,14 @@ class DecodeConfig:
     def keys_per_stage(self) -> int:
         return 16 * self.warps
 
-    def smem_bytes(self) -> int:
+    def dynamic_smem_bytes(self) -> int:
+        # Q tile and the K/V ring in 2-byte elements
         return 2 * self.head_dim * (ROWS_PER_TILE + 2 * self.stages * self.keys_per_stage)
+
+    def smem_bytes(self) -> int:
+        # and a paged instance's K and V offsets (8 bytes each) per 16-key group of stages + 1 stages, in static
+        # shared memory (an array behind the ring measured 7-9 % slower at B1 L8k 32/8 q4)
+        return self.dynamic_smem_bytes() + 16 * (self.stages + 1) * self.warps
 
     def name_expression(self, *, dtype, paged: bool, pair: bool = False) -> str:
         return (f"flash_decode<{dtypes.ctype(dtype)},{self.head_dim},{self.warps},{self.stages},"
@@ -72,24 +79,25 @@ class DecodeConfig:
         return f"DecodeConfig(d{self.head_dim} w{self.warps} s{self.stages})"
 
 
-def search_space(head_dim: int, paged: bool = False, waves: float = 0.0) -> list[DecodeConfig]:
+def search_space(head_dim: int, waves: float = 0.0, paged: bool = False) -> list[DecodeConfig]:
     """Preference order, then the configs that fit smaller shared memories. ``waves`` is the grid before any split
     (batch x kv heads x row tiles) over the SM count. Measured on an H100 (2026-11-23, held time, bf16):
 
-    - head dim 64, a contiguous cache: under one wave, 4 warps and 4 stages (64 keys per stage, 67 KB: the rows'
-      128 bytes leave room for several CTAs per SM) beat 8 warps by 0.5-5 % (B8 L128k q4 1354 vs 1418 us); from one
-      wave up, 8 warps and 4 stages (one CTA per SM) beat it by 2-3 % (B64 L8k/32k);
-    - head dim 128 and up, a contiguous cache: from two waves up (every SM has work for several CTAs), a 4-stage
-      ring (one CTA per SM) beats 3 stages by 0.4-2 % (B64 L32k 32/32 10968 vs 11203 us); under that, 3 stages
-      (two CTAs per SM) win by 0-1.5 %;
-    - a paged cache's page lookups stall each CTA's copies, which a second CTA per SM hides: the ring that lets two
-      CTAs share an SM first (see ``plan_splits``; one CTA per SM measured 0.7-0.9x of two)."""
-    if paged:
-        first = [(8, 3), (8, 4)] if head_dim == 64 else []
-    elif head_dim == 64:
-        first = [(4, 4), (8, 4), (8, 3)] if waves < 1 else [(8, 4), (8, 3)]
+    - head dim 64: under one wave, 4 warps and 4 stages (64 keys per stage, 67 KB: the rows' 128 bytes leave room
+      for several CTAs per SM) beat 8 warps by 0.5-5 % (B8 L128k q4 1354 vs 1418 us); from one wave up, 8 warps
+      and 4 stages (one CTA per SM) beat it by 2-3 % (B64 L8k/32k);
+    - head dim 128 and up: from two waves up (every SM has work for several CTAs), a 4-stage ring (one CTA per SM)
+      beats 3 stages by 0.4-2 % (B64 L32k 32/32 10968 vs 11203 us); under that, 3 stages (two CTAs per SM) win by
+      0-1.5 %;
+    - a paged cache takes the same plan under two waves: its page ids are read once per 16-key group, a stage
+      ahead of the copies that use them (flash_decode), so its copies no longer wait on the block table (before
+      that change a paged cache needed a second CTA per SM to hide the lookups; now one per SM with the
+      contiguous cache's splits is 1-13 % faster, B1 L8k 32/8 q4 34.0 vs 38.9 us); from two waves up it keeps
+      the 3-stage rings that let two CTAs share an SM (B64: 1 % faster at L8k-32k, ~5 % at L1k)."""
+    if head_dim == 64:
+        first = [(4, 4), (8, 4), (8, 3)] if waves < 1 else [(8, 3)] if paged and waves >= 2 else [(8, 4), (8, 3)]
     else:
-        first = [(4, 4)] if waves >= 2 else []
+        first = [(4, 4)] if waves >= 2 and not paged else []
     return [DecodeConfig(head_dim=head_dim, warps=w, stages=s) for w, s in first + [(4, 3), (4, 2), (2, 3), (2, 2)]]
 
 
@@ -101,8 +109,8 @@ def plan_decode(problem: DecodeProblem, spec: DeviceSpec) -> tiling.Plan:
     if tuned is not None:
         return tuned
     waves = problem.batch * problem.kv_heads * problem.row_tiles / spec.sm_count
-    return tiling.choose(search_space(problem.head_dim, problem.paged, waves), spec,
-                         reason="the ring and warps measured fastest for this head dim, cache kind and grid")
+    return tiling.choose(search_space(problem.head_dim, waves, problem.paged), spec,
+                         reason="the ring and warps measured fastest for this head dim and grid")
 
 
 def paired(problem: DecodeProblem, spec: DeviceSpec, heads_adjacent: bool = True) -> DecodeProblem | None:
@@ -126,11 +134,8 @@ def plan_splits(problem: DecodeProblem, config: DecodeConfig, spec: DeviceSpec) 
     (FlashAttention's heuristic) counting one CTA per SM, each split keeping at least MIN_STAGES_PER_SPLIT stages
     of keys. Measured on an H100 (one sequence, 32/8 heads, d128): 12-16 splits of an 8k-32k cache beat 26-32 by
     5-8 %."""
-    # one CTA per SM for a contiguous cache: its ring keeps enough loads in flight (two per SM measured slower);
-    # a paged cache's page lookups stall each CTA's copies, which a second CTA per SM hides (measured: 0.72-0.89x
-    # of the contiguous time with one, 0.96-1.0x with two)
-    per_sm = min(2, spec.smem_per_sm // max(config.smem_bytes(), 1)) if problem.paged else 1
-    slots = spec.sm_count * max(per_sm, 1)
+    # one CTA per SM, contiguous or paged: its ring keeps enough loads in flight (two per SM measured slower)
+    slots = spec.sm_count
     base = problem.batch * problem.kv_heads * problem.row_tiles
     max_useful = max(1, min(MAX_SPLITS, problem.max_keys // (MIN_STAGES_PER_SPLIT * config.keys_per_stage)))
     if base >= slots:

@@ -2,6 +2,8 @@
 for every profile's arch with zero spills, and the split heuristic fills the GPU in whole waves."""
 from __future__ import annotations
 
+import itertools
+
 import numpy as np
 import pytest
 
@@ -52,19 +54,22 @@ def test_planned_kernels_compile_without_spills(arch):
 
 def test_search_space_is_valid_and_ordered():
     for d in HEAD_DIMS:
-        for paged in (False, True):
-            for waves in (0.5, 1.0, 4.0):
-                space = search_space(d, paged, waves)
-                assert len(set(space)) == len(space)
-                assert all(c.smem_bytes() == 2 * d * (16 + 2 * c.stages * 16 * c.warps) for c in space)
+        for waves, paged in itertools.product((0.5, 1.0, 4.0), (False, True)):
+            space = search_space(d, waves, paged)
+            assert len(set(space)) == len(space)
+            assert all(c.smem_bytes() == 2 * d * (16 + 2 * c.stages * 16 * c.warps) + 16 * (c.stages + 1) * c.warps
+                       for c in space)
     # the measured preferences: small grids at head dim 64 take 4 warps, large ones 8; head dim 128 deepens the
-    # ring from two waves; paged caches take rings two CTAs can share
-    assert search_space(64, False, 0.5)[0] == DecodeConfig(head_dim=64, warps=4, stages=4)
-    assert search_space(64, False, 1.0)[0] == DecodeConfig(head_dim=64, warps=8, stages=4)
-    assert search_space(128, False, 1.9)[0] == DecodeConfig(head_dim=128, warps=4, stages=3)
-    assert search_space(128, False, 2.0)[0] == DecodeConfig(head_dim=128, warps=4, stages=4)
-    assert search_space(64, True, 8.0)[0] == DecodeConfig(head_dim=64, warps=8, stages=3)
-    assert search_space(128, True, 8.0)[0] == DecodeConfig(head_dim=128, warps=4, stages=3)
+    # ring from two waves
+    assert search_space(64, 0.5)[0] == DecodeConfig(head_dim=64, warps=4, stages=4)
+    assert search_space(64, 1.0)[0] == DecodeConfig(head_dim=64, warps=8, stages=4)
+    assert search_space(128, 1.9)[0] == DecodeConfig(head_dim=128, warps=4, stages=3)
+    assert search_space(128, 2.0)[0] == DecodeConfig(head_dim=128, warps=4, stages=4)
+    # paged caches plan like contiguous ones under two waves, and keep rings two CTAs can share from two
+    assert search_space(64, 0.5, paged=True) == search_space(64, 0.5)
+    assert search_space(128, 1.9, paged=True) == search_space(128, 1.9)
+    assert search_space(64, 2.0, paged=True)[0] == DecodeConfig(head_dim=64, warps=8, stages=3)
+    assert search_space(128, 2.0, paged=True)[0] == DecodeConfig(head_dim=128, warps=4, stages=3)
     spec = device.profile("h100_sxm")
     assert plan_decode(_problem(batch=64, kv_heads=32), spec).config.stages == 4
     assert plan_decode(_problem(batch=64, kv_heads=32, head_dim=256), spec).config.stages == 3  # 4 does not fit

@@ -170,6 +170,15 @@ def test_window():
     _check(*_case(2, 3, 8, 4, 64, [700, 1500], max_seq=1536, seed=4), "fp16", window=(100, 0), causal=True)
 
 
+@pytest.mark.parametrize("dim,splits", [(64, 1), (128, 5), (256, 3)])
+def test_paged_window_starts_between_groups(dim, splits):
+    """A paged cache reads keys in 16-key groups from a multiple of 16: a window whose first key is not on one
+    (37 keys back, page 48) loads a few keys below it, which must stay masked, with and without splits."""
+    lens = [0, 1, 48, 95, 700]
+    _check(*_case(5, 2, 8, 2, dim, lens, page=48, max_seq=768, seed=dim), "bf16", num_splits=splits,
+           window=(37, 0), causal=True)
+
+
 def test_torch_tensors_in_and_out():
     torch = pytest.importorskip("torch")
     from attention import flash_attention_with_kvcache

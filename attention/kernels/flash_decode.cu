@@ -19,6 +19,12 @@
 // (a counter per tile, which that split sets back to zero for the next launch) merges them by LSE: no second
 // kernel and no memset before the launch.
 //
+// Paged reads: a stage's keys are copied in groups of 16 that start on a multiple of 16 (pages hold a multiple
+// of 16 keys, so a group lies in one page); lanes 0..WARPS-1 of warp 0 look each group's page up once, a stage
+// before its copies are issued, from a page id read the iteration before that (its reader never waits for it),
+// and leave the group's K and V offsets in (static) shared memory. The copying threads add a row offset to
+// those: no table read or division by the page size per 16-byte chunk.
+//
 // Masks, per row: keys j < L_b; causal/window in kv coordinates (query i sits at L_b - seq_q + i):
 // j in [at - window_left, at + window_right] (window_right = 0 under causal; unbounded = a large value).
 //
@@ -89,6 +95,9 @@ flash_decode(const T* __restrict__ q, const T* __restrict__ k, const T* __restri
     int k_begin = max(split * split_keys, first_q + shift - window_left);
     int k_end = min(min(len, (split + 1) * split_keys), last_q + shift + window_right + 1);
     k_begin = max(k_begin, 0);
+    // a paged cache is read in groups of 16 keys that start on a multiple of 16, so a group never straddles a
+    // page (pages hold a multiple of 16 keys); the keys moved in below a window's start are masked by lo[]
+    if constexpr (PAGED) k_begin &= ~15;
     const int n_stages = k_end > k_begin ? (k_end - k_begin + KEYS - 1) / KEYS : 0;
 
     const T* kb = k + kvh * k_sh;
@@ -119,6 +128,28 @@ flash_decode(const T* __restrict__ q, const T* __restrict__ k, const T* __restri
             return c;
         }
     };
+    // Paged: the K and V offsets of each 16-key group of a stage, looked up once per group (not per 16-byte
+    // chunk) by lanes 0..WARPS-1 of warp 0, into a ring of OFF_RING stages: stage L's lookups are stored in the
+    // iteration that issues stage L - 1's copies, from a page id read in the iteration before, so no copy waits
+    // on the block table and no thread divides by the page size per chunk.
+    constexpr int OFF_RING = STAGES + 1;
+    __shared__ long long s_off[PAGED ? OFF_RING : 1][PAGED ? 2 * WARPS : 1];
+    const int* table_row = block_table + (long long)b * max_pages;
+    // the page id as read (clamped only when used: its reader must not wait for it a stage early)
+    auto store_offsets = [&](int stage_idx, int grp, int raw_pid) {
+        const int j = k_begin + stage_idx * KEYS + grp * 16;
+        const long long slot = j - (j / page) * page;
+        const int pid = min(max(raw_pid, 0), num_pages - 1);  // clamped like kv_row
+        long long* to = s_off[stage_idx % OFF_RING];
+        to[grp] = pid * k_sb + slot * k_ss;
+        to[WARPS + grp] = pid * v_sb + slot * v_ss;
+    };
+    auto group_page = [&](int stage_idx, int grp) {  // the page id of a group, 0 past the split's keys
+        const int j = k_begin + stage_idx * KEYS + grp * 16;
+        int raw = 0;
+        if (j < k_end) raw = __ldg(table_row + j / page);
+        return raw;
+    };
     auto load_kv = [&](int stage_idx, int ring) {
         const int j0 = k_begin + stage_idx * KEYS;
 #pragma unroll
@@ -127,8 +158,16 @@ flash_decode(const T* __restrict__ q, const T* __restrict__ k, const T* __restri
             const int row = i / CHUNKS, ch = i % CHUNKS;
             const int j = j0 + row;
             const bool ok = j < k_end;
-            const int2 at = ok ? kv_row<PAGED>(j, b, block_table, max_pages, page, num_pages) : make_int2(0, 0);
-            const long long off = row_offset(at, k_sb, k_ss), voff = row_offset(at, v_sb, v_ss);
+            long long off, voff;
+            if constexpr (PAGED) {
+                const long long* from = s_off[stage_idx % OFF_RING];
+                const long long r = row & 15;
+                off = from[row >> 4] + r * k_ss;
+                voff = from[WARPS + (row >> 4)] + r * v_ss;
+            } else {
+                const int2 at = make_int2(b, ok ? j : 0);
+                off = row_offset(at, k_sb, k_ss), voff = row_offset(at, v_sb, v_ss);
+            }
             cp_async16(smem_addr(sK + ring * KEYS * HEAD_DIM + swizzled<HEAD_DIM>(row, ch)), kb + off + ch * 8, ok);
             cp_async16(smem_addr(sV + ring * KEYS * HEAD_DIM + swizzled<HEAD_DIM>(row, ch)), vb + voff + ch * 8, ok);
         }
@@ -136,6 +175,14 @@ flash_decode(const T* __restrict__ q, const T* __restrict__ k, const T* __restri
 
     load_q();
     cp_async_commit();
+    int next_pid = 0;  // lanes 0..WARPS-1 of warp 0: the page id of their group in the stage after the next
+    if constexpr (PAGED) {
+        // the first STAGES stages' offsets now (the first copies wait on these reads: a paged cache's one
+        // dependent trip, under Q's), stage STAGES's page id into a register
+        if (tid < STAGES * WARPS) store_offsets(tid / WARPS, tid % WARPS, group_page(tid / WARPS, tid % WARPS));
+        if (tid < WARPS) next_pid = group_page(STAGES, tid);
+        __syncthreads();
+    }
     int next_load = 0, load_ring = 0;
 #pragma unroll
     for (int s = 0; s < STAGES - 1; ++s) {
@@ -175,6 +222,12 @@ flash_decode(const T* __restrict__ q, const T* __restrict__ k, const T* __restri
         const int ring = st % STAGES;
         cp_async_wait<STAGES - 2>();
         __syncthreads();
+        if constexpr (PAGED) {
+            if (tid < WARPS) {  // stage st + STAGES's offsets (copied next iteration), then the page after
+                store_offsets(st + STAGES, tid, next_pid);
+                next_pid = group_page(st + STAGES + 1, tid);
+            }
+        }
         if (next_load < n_stages) load_kv(next_load++, load_ring);
         cp_async_commit();
         load_ring = load_ring + 1 == STAGES ? 0 : load_ring + 1;
