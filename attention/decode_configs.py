@@ -79,7 +79,7 @@ class DecodeConfig:
         return f"DecodeConfig(d{self.head_dim} w{self.warps} s{self.stages})"
 
 
-def search_space(head_dim: int, waves: float = 0.0, paged: bool = False) -> list[DecodeConfig]:
+def search_space(head_dim: int, waves: float = 0.0, paged: bool = False, keys: int = 0) -> list[DecodeConfig]:
     """Preference order, then the configs that fit smaller shared memories. ``waves`` is the grid before any split
     (batch x kv heads x row tiles) over the SM count. Measured on an H100 (2026-11-23, held time, bf16):
 
@@ -93,9 +93,15 @@ def search_space(head_dim: int, waves: float = 0.0, paged: bool = False) -> list
       ahead of the copies that use them (flash_decode), so its copies no longer wait on the block table (before
       that change a paged cache needed a second CTA per SM to hide the lookups; now one per SM with the
       contiguous cache's splits is 1-13 % faster, B1 L8k 32/8 q4 34.0 vs 38.9 us); from two waves up it keeps
-      the 3-stage rings that let two CTAs share an SM (B64: 1 % faster at L8k-32k, ~5 % at L1k)."""
-    if head_dim == 64:
-        first = [(4, 4), (8, 4), (8, 3)] if waves < 1 else [(8, 3)] if paged and waves >= 2 else [(8, 4), (8, 3)]
+      the 3-stage rings that let two CTAs share an SM (B64: 1 % faster at L8k-32k, ~5 % at L1k);
+    - a paged cache at head dim 64 with ``keys`` >= 8k per sequence: 8 warps x 3 stages at any grid (twice the
+      16-key groups in flight of 4 x 4: with pages of 16 a head's rows are 128-byte pieces of 32 KB pages),
+      paged / contiguous at pages of 16 1.07-1.12 -> 0.97-1.05 (B1 L8k-128k, B8 L8k-128k), pages of 256
+      0.98-1.03; a 1k cache keeps 4 x 4 (its more splits: 1.11 vs 1.17)."""
+    if head_dim == 64 and paged and (waves >= 2 or keys >= 8192):
+        first = [(8, 3)]
+    elif head_dim == 64:
+        first = [(4, 4), (8, 4), (8, 3)] if waves < 1 else [(8, 4), (8, 3)]
     else:
         first = [(4, 4)] if waves >= 2 and not paged else []
     return [DecodeConfig(head_dim=head_dim, warps=w, stages=s) for w, s in first + [(4, 3), (4, 2), (2, 3), (2, 2)]]
@@ -109,7 +115,7 @@ def plan_decode(problem: DecodeProblem, spec: DeviceSpec) -> tiling.Plan:
     if tuned is not None:
         return tuned
     waves = problem.batch * problem.kv_heads * problem.row_tiles / spec.sm_count
-    return tiling.choose(search_space(problem.head_dim, waves, problem.paged), spec,
+    return tiling.choose(search_space(problem.head_dim, waves, problem.paged, problem.max_keys), spec,
                          reason="the ring and warps measured fastest for this head dim and grid")
 
 

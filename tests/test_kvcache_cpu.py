@@ -70,6 +70,9 @@ def test_search_space_is_valid_and_ordered():
     assert search_space(128, 1.9, paged=True) == search_space(128, 1.9)
     assert search_space(64, 2.0, paged=True)[0] == DecodeConfig(head_dim=64, warps=8, stages=3)
     assert search_space(128, 2.0, paged=True)[0] == DecodeConfig(head_dim=128, warps=4, stages=3)
+    # paged head dim 64 on long caches: 8 warps x 3 stages at any grid
+    assert search_space(64, 0.5, paged=True, keys=8192)[0] == DecodeConfig(head_dim=64, warps=8, stages=3)
+    assert search_space(64, 0.5, paged=True, keys=1024) == search_space(64, 0.5)
     spec = device.profile("h100_sxm")
     assert plan_decode(_problem(batch=64, kv_heads=32), spec).config.stages == 4
     assert plan_decode(_problem(batch=64, kv_heads=32, head_dim=256), spec).config.stages == 3  # 4 does not fit
