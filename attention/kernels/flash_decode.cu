@@ -87,6 +87,19 @@ flash_decode(const T* __restrict__ q, const T* __restrict__ k, const T* __restri
     const int split = blockIdx.x, kvh = blockIdx.y % kv_heads, row_tile = blockIdx.y / kv_heads, b = blockIdx.z;
     const int rows = seq_q * kv_group;
     const int r0 = row_tile * 16;
+    // Paged: the block-table reads of the first STAGES stages' groups (and stage STAGES's) go out before the
+    // sequence length is known, from where the split starts when no window moves it (split_keys is a multiple of
+    // 16): the table and the length then cost one trip to memory, not two. Entries past the sequence are read
+    // and not used (capacity = max_pages x page keeps every read inside the table's row).
+    const int spec_begin = split * split_keys;
+    int first_pid = 0, next_pid = 0;  // next_pid: lanes 0..WARPS-1 of warp 0, their group in the stage after next
+    const int* table_row = block_table + (long long)b * max_pages;
+    if constexpr (PAGED) {
+        const int j = spec_begin + (tid / WARPS) * KEYS + (tid % WARPS) * 16;
+        if (tid < STAGES * WARPS && j < capacity) first_pid = __ldg(table_row + j / page);
+        if (tid < WARPS && spec_begin + STAGES * KEYS + tid * 16 < capacity)
+            next_pid = __ldg(table_row + (spec_begin + STAGES * KEYS + tid * 16) / page);
+    }
     const int len = min(__ldg(cache_seqlens + b) + seqlen_new, capacity);  // clamped: never past the cache
     const int shift = len - seq_q;                                         // query i sits at key i + shift
 
@@ -134,7 +147,6 @@ flash_decode(const T* __restrict__ q, const T* __restrict__ k, const T* __restri
     // on the block table and no thread divides by the page size per chunk.
     constexpr int OFF_RING = STAGES + 1;
     __shared__ long long s_off[PAGED ? OFF_RING : 1][PAGED ? 2 * WARPS : 1];
-    const int* table_row = block_table + (long long)b * max_pages;
     // the page id as read (clamped only when used: its reader must not wait for it a stage early)
     auto store_offsets = [&](int stage_idx, int grp, int raw_pid) {
         const int j = k_begin + stage_idx * KEYS + grp * 16;
@@ -175,12 +187,14 @@ flash_decode(const T* __restrict__ q, const T* __restrict__ k, const T* __restri
 
     load_q();
     cp_async_commit();
-    int next_pid = 0;  // lanes 0..WARPS-1 of warp 0: the page id of their group in the stage after the next
     if constexpr (PAGED) {
-        // the first STAGES stages' offsets now (the first copies wait on these reads: a paged cache's one
-        // dependent trip, under Q's), stage STAGES's page id into a register
-        if (tid < STAGES * WARPS) store_offsets(tid / WARPS, tid % WARPS, group_page(tid / WARPS, tid % WARPS));
-        if (tid < WARPS) next_pid = group_page(STAGES, tid);
+        // the first STAGES stages' offsets (a window that moved the start reads its groups again), stage
+        // STAGES's page id into a register
+        if (k_begin != spec_begin) {  // the same for the whole CTA
+            if (tid < STAGES * WARPS) first_pid = group_page(tid / WARPS, tid % WARPS);
+            if (tid < WARPS) next_pid = group_page(STAGES, tid);
+        }
+        if (tid < STAGES * WARPS) store_offsets(tid / WARPS, tid % WARPS, first_pid);
         __syncthreads();
     }
     int next_load = 0, load_ring = 0;
