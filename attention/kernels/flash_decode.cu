@@ -38,14 +38,16 @@
 
 using namespace attn;
 
-// Where key j of sequence b lives: (page or batch index, row within it). A page id outside [0, num_pages) is
-// clamped (the host checks the table; this keeps a bad one in bounds).
+// A page id as read from the block table, clamped to [0, num_pages) (the host checks the table; this keeps a bad
+// one in bounds).
+__device__ __forceinline__ int clamp_page(int raw, int num_pages) { return min(max(raw, 0), num_pages - 1); }
+
+// Where key j of sequence b lives: (page or batch index, row within it).
 template <bool PAGED>
 __device__ __forceinline__ int2 kv_row(int j, int b, const int* __restrict__ block_table, int max_pages, int page,
                                        int num_pages) {
     if constexpr (PAGED) {
-        const int p = min(max(__ldg(block_table + (long long)b * max_pages + j / page), 0), num_pages - 1);
-        return make_int2(p, j % page);
+        return make_int2(clamp_page(__ldg(block_table + (long long)b * max_pages + j / page), num_pages), j % page);
     } else {
         return make_int2(b, j);
     }
@@ -91,21 +93,27 @@ flash_decode(const T* __restrict__ q, const T* __restrict__ k, const T* __restri
     // sequence length is known, from where the split starts when no window moves it (split_keys is a multiple of
     // 16): the table and the length then cost one trip to memory, not two. Entries past the sequence are read
     // and not used (capacity = max_pages x page keeps every read inside the table's row).
-    const int spec_begin = split * split_keys;
-    int first_pid = 0, next_pid = 0;  // next_pid: lanes 0..WARPS-1 of warp 0, their group in the stage after next
+    const int split_begin = split * split_keys;
     const int* table_row = block_table + (long long)b * max_pages;
+    // the page id of key j as read (clamped where it is used, so its reader never waits on it early); 0 from
+    // `bound` on
+    auto page_at = [&](int j, int bound) {
+        int raw = 0;
+        if (j < bound) raw = __ldg(table_row + j / page);
+        return raw;
+    };
+    int first_pid = 0, next_pid = 0;  // next_pid: lanes 0..WARPS-1 of warp 0, their group in the stage after next
     if constexpr (PAGED) {
-        const int j = spec_begin + (tid / WARPS) * KEYS + (tid % WARPS) * 16;
-        if (tid < STAGES * WARPS && j < capacity) first_pid = __ldg(table_row + j / page);
-        if (tid < WARPS && spec_begin + STAGES * KEYS + tid * 16 < capacity)
-            next_pid = __ldg(table_row + (spec_begin + STAGES * KEYS + tid * 16) / page);
+        if (tid < STAGES * WARPS)
+            first_pid = page_at(split_begin + (tid / WARPS) * KEYS + (tid % WARPS) * 16, capacity);
+        if (tid < WARPS) next_pid = page_at(split_begin + STAGES * KEYS + tid * 16, capacity);
     }
     const int len = min(__ldg(cache_seqlens + b) + seqlen_new, capacity);  // clamped: never past the cache
     const int shift = len - seq_q;                                         // query i sits at key i + shift
 
     // keys this CTA reads: its split, clipped to the sequence and to what its rows can see
     const int first_q = r0 / kv_group, last_q = min(r0 + 15, rows - 1) / kv_group;
-    int k_begin = max(split * split_keys, first_q + shift - window_left);
+    int k_begin = max(split_begin, first_q + shift - window_left);
     int k_end = min(min(len, (split + 1) * split_keys), last_q + shift + window_right + 1);
     k_begin = max(k_begin, 0);
     // a paged cache is read in groups of 16 keys that start on a multiple of 16, so a group never straddles a
@@ -147,20 +155,16 @@ flash_decode(const T* __restrict__ q, const T* __restrict__ k, const T* __restri
     // on the block table and no thread divides by the page size per chunk.
     constexpr int OFF_RING = STAGES + 1;
     __shared__ long long s_off[PAGED ? OFF_RING : 1][PAGED ? 2 * WARPS : 1];
-    // the page id as read (clamped only when used: its reader must not wait for it a stage early)
     auto store_offsets = [&](int stage_idx, int grp, int raw_pid) {
         const int j = k_begin + stage_idx * KEYS + grp * 16;
-        const long long slot = j - (j / page) * page;
-        const int pid = min(max(raw_pid, 0), num_pages - 1);  // clamped like kv_row
+        const long long slot = j % page;
+        const int pid = clamp_page(raw_pid, num_pages);
         long long* to = s_off[stage_idx % OFF_RING];
         to[grp] = pid * k_sb + slot * k_ss;
         to[WARPS + grp] = pid * v_sb + slot * v_ss;
     };
     auto group_page = [&](int stage_idx, int grp) {  // the page id of a group, 0 past the split's keys
-        const int j = k_begin + stage_idx * KEYS + grp * 16;
-        int raw = 0;
-        if (j < k_end) raw = __ldg(table_row + j / page);
-        return raw;
+        return page_at(k_begin + stage_idx * KEYS + grp * 16, k_end);
     };
     auto load_kv = [&](int stage_idx, int ring) {
         const int j0 = k_begin + stage_idx * KEYS;
@@ -190,7 +194,7 @@ flash_decode(const T* __restrict__ q, const T* __restrict__ k, const T* __restri
     if constexpr (PAGED) {
         // the first STAGES stages' offsets (a window that moved the start reads its groups again), stage
         // STAGES's page id into a register
-        if (k_begin != spec_begin) {  // the same for the whole CTA
+        if (k_begin != split_begin) {  // the same for the whole CTA
             if (tid < STAGES * WARPS) first_pid = group_page(tid / WARPS, tid % WARPS);
             if (tid < WARPS) next_pid = group_page(STAGES, tid);
         }
