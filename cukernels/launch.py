@@ -430,10 +430,11 @@ class KeptWorkspace:
     time is the host's (docs/perf/engine.md, tenth session)."""
 
     KEEP_BYTES = 1 << 20
-    __slots__ = ("nbytes", "kept")
+    __slots__ = ("nbytes", "kept", "keep_bytes")
 
-    def __init__(self, nbytes: int):
+    def __init__(self, nbytes: int, keep_bytes: int | None = None):
         self.nbytes = nbytes
+        self.keep_bytes = self.KEEP_BYTES if keep_bytes is None else int(keep_bytes)  # what a caller may keep
         self.kept = None  # (stream, thread, pointer, owner) of the last run
 
     def take(self, frame, stream: int):
@@ -441,7 +442,7 @@ class KeptWorkspace:
         if kept is not None and kept[0] == stream and kept[1] == _thread_id() and not frame.capturing(stream):
             return kept[3], kept[2]
         owner, ptr = frame.workspace(stream, self.nbytes)
-        if self.nbytes <= self.KEEP_BYTES and not frame.capturing(stream):
+        if self.nbytes <= self.keep_bytes and not frame.capturing(stream):
             self.kept = (stream, _thread_id(), ptr, owner)
         return owner, ptr
 

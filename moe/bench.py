@@ -567,6 +567,8 @@ SUITES = {
     "routing": "routing + permutation alone at 32768 tokens: 32 experts top-2 and 256 experts top-8",
     "gemm": "the grouped expert GEMM at seed 004's up-projection size (8192 x 11008 x 4096): one group, 8 and 32 "
             "equal and random (gamma) groups; against cuBLAS (one GEMM or a per-group loop) and torch._grouped_mm",
+    "dense": "one-group GEMMs of models.bench's dense models (medium, large: QKV, output, gate/up, down projections) "
+             "at 128, 2048 and 8192 tokens, against cuBLAS: the tile grid and split-K choices of the tma planner",
     "quick": "small shapes: a fast pass over every piece but the whole layer",
     "ci": "small shapes with odd sizes (1000 tokens, 60 experts, top-4; 256 experts, top-8) that the GPU tests "
           "check",

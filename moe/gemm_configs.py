@@ -19,6 +19,8 @@ from cukernels import dtypes, tiling, tune
 from cukernels.device import DeviceSpec
 
 EPILOGUES = {None: 0, "swiglu": 1, "gelu": 2}
+TMA_MAX_STAGES = {256: 4, 128: 6}  # stages of (128 + block_n) x 64 that fit beside the staging buffers
+TMA_MAX_SPLIT = 8
 KINDS = ("mma", "wgmma", "tma", "skinny")
 MIN_CC = (8, 0)
 OP = "moe.grouped_gemm"
@@ -47,8 +49,9 @@ class GemmConfig:
     # "mma": mma.sync + ldmatrix (sm_80+); "wgmma": Hopper warpgroup MMA from shared memory (sm_90a), which
     # fixes the tile at block_m x 256 x 64 with one warpgroup per 64 rows (warps_m = block_m / 16, warps_n = 1);
     # "tma": the persistent warp-specialised Hopper kernel (sm_90a, TMA loads through tensor maps, so it also
-    # needs cuda-bindings at run time): 128 x 256 x 64 tiles computed by two consumer warpgroups (warps_m = 8)
-    # fed by a producer warpgroup (384 threads in all)
+    # needs cuda-bindings at run time): 128 x (256 or 128) x 64 tiles computed by two consumer warpgroups
+    # (warps_m = 8) fed by a producer warpgroup (384 threads in all); split_k > 1 cuts each tile's K range into
+    # that many work items whose fp32 sums moe_splitk_reduce adds (weight-bound problems with few tiles)
     kind: str = "mma"
     # "skinny": decode-sized groups (moe_grouped_gemm_skinny, sm_80+): b's rows as mma's M, read straight from
     # global memory; block_m group rows per pass (8 or 16), block_n weight rows per CTA over warps_n x split_k
@@ -57,14 +60,15 @@ class GemmConfig:
     kind: str = "mma"
     # tma only: CTAs per cluster along M (2: the pair shares B through TMA multicast)
     cluster_m: int = 1
-    # skinny only: warps of a CTA splitting K (their partial sums meet in shared memory, in a fixed order)
+    # skinny: warps of a CTA splitting K (their partial sums meet in shared memory, in a fixed order); tma: work
+    # items per tile along K (fp32 partial sums in a workspace, added in split order by moe_splitk_reduce)
     split_k: int = 1
 
     def __post_init__(self):
         if self.kind not in KINDS:
             raise ValueError(f"kind must be one of {KINDS}, got {self.kind!r}")
-        if self.split_k != 1 and self.kind != "skinny":
-            raise ValueError(f"split_k is for skinny tiles, got {self.split_k} on a {self.kind} tile")
+        if self.split_k != 1 and self.kind not in ("skinny", "tma"):
+            raise ValueError(f"split_k is for skinny and tma tiles, got {self.split_k} on a {self.kind} tile")
         if self.kind == "skinny":
             if not (self.block_m in (8, 16) and self.block_k == 32 and self.warps_m == 1
                     and self.split_k in (1, 2, 4, 8) and self.warps_n * self.split_k == 8
@@ -81,9 +85,15 @@ class GemmConfig:
         if self.kind == "tma":
             if self.cluster_m not in (1, 2):
                 raise ValueError(f"cluster_m must be 1 or 2, got {self.cluster_m}")
-            if not (self.block_m == 128 and self.block_n == 256 and self.block_k == 64 and self.warps_m == 8
-                    and self.warps_n == 1 and self.min_blocks == 1 and 2 <= self.stages <= 4):
-                raise ValueError(f"a tma tile is 128 x 256 x 64 with 8 x 1 consumer warps, 2-4 stages, got {self}")
+            most = TMA_MAX_STAGES.get(self.block_n, 0)
+            if not (self.block_m == 128 and self.block_k == 64 and self.warps_m == 8 and self.warps_n == 1
+                    and self.min_blocks == 1 and 2 <= self.stages <= most):
+                raise ValueError(f"a tma tile is 128 x 256 x 64 (2-4 stages) or 128 x 128 x 64 (2-6 stages) with "
+                                 f"8 x 1 consumer warps, got {self}")
+            if self.cluster_m != 1 and (self.block_n != 256 or self.split_k != 1):
+                raise ValueError(f"clusters of two run 128 x 256 tiles without split K, got {self}")
+            if not 1 <= self.split_k <= TMA_MAX_SPLIT:
+                raise ValueError(f"a tma tile's split_k must be 1..{TMA_MAX_SPLIT}, got {self.split_k}")
             return
         if self.block_k not in (32, 64):
             raise ValueError(f"block_k must be 32 or 64, got {self.block_k}")
@@ -141,8 +151,9 @@ class GemmConfig:
         if self.kind == "tma":
             if out_c != dtypes.ctype(dtype):
                 raise ValueError(f"a tma tile writes its input dtype, got out_dtype {out_dtype}")
-            name = "moe_grouped_gemm_tma_pair" if self.cluster_m == 2 else "moe_grouped_gemm_tma"
-            return f"{name}<{dtypes.ctype(dtype)}, {self.stages}, {EPILOGUES[epilogue]}>"
+            if self.cluster_m == 2:
+                return f"moe_grouped_gemm_tma_pair<{dtypes.ctype(dtype)}, {self.stages}, {EPILOGUES[epilogue]}>"
+            return f"moe_grouped_gemm_tma<{dtypes.ctype(dtype)}, {self.stages}, {EPILOGUES[epilogue]}, {self.block_n}>"
         if self.kind == "skinny":
             return (f"moe_grouped_gemm_skinny<{dtypes.ctype(dtype)}, {out_c}, {self.block_m}, "
                     f"{self.block_n // (16 * self.warps_n)}, {self.warps_n}, {self.split_k}, {self.stages}, "
@@ -162,7 +173,7 @@ class GemmConfig:
             return -(-problem.n // self.block_n) * max(1, min(problem.experts, problem.rows))  # what fits at once
         rows_per_item = self.block_m * self.cluster_m
         m_items = problem.rows // rows_per_item + min(problem.experts, problem.rows)
-        items = max(1, m_items * -(-problem.n // self.block_n))
+        items = max(1, m_items * -(-problem.n // self.block_n) * (self.split_k if self.kind == "tma" else 1))
         if self.persistent:
             if sm_count is None:
                 raise ValueError(f"{self}: a persistent tile's grid needs the SM count")
@@ -176,7 +187,9 @@ class GemmConfig:
                     f"{self.split_k}k, {self.stages} chunks in flight)")
         if self.kind in ("wgmma", "tma"):
             pair = ", clusters of 2 (B multicast)" if self.cluster_m == 2 else ""
-            return f"GemmConfig({self.kind} {self.block_m}x{self.block_n}x{self.block_k}, {self.stages} stages{pair})"
+            split = f", split K {self.split_k}" if self.split_k > 1 else ""
+            return (f"GemmConfig({self.kind} {self.block_m}x{self.block_n}x{self.block_k}, {self.stages} stages"
+                    f"{pair}{split})")
         return (f"GemmConfig({self.block_m}x{self.block_n}x{self.block_k}, {self.warps_m}x{self.warps_n} warps, "
                 f"{self.stages} stages, {self.min_blocks}/SM)")
 
@@ -207,12 +220,17 @@ TMA = (
     GemmConfig(kind="tma", block_m=128, block_n=256, block_k=64, warps_m=8, warps_n=1, stages=4),
     GemmConfig(kind="tma", block_m=128, block_n=256, block_k=64, warps_m=8, warps_n=1, stages=3),
 )
+# 128 x 128 tma tiles (6 stages of 32 KiB): twice the work items of 128 x 256 where those leave SMs idle
+TMA_128 = (
+    GemmConfig(kind="tma", block_m=128, block_n=128, block_k=64, warps_m=8, warps_n=1, stages=6),
+    GemmConfig(kind="tma", block_m=128, block_n=128, block_k=64, warps_m=8, warps_n=1, stages=4),
+)
 # Clusters of two CTAs sharing B by TMA multicast: measured slower than TMA[0] on every gemm-suite row (H200,
 # 2026-11-23: 0.72-0.98x; docs/perf/grouped_gemm.md), so the planner never takes it; --tune may time it
 TMA_PAIR = (
     GemmConfig(kind="tma", block_m=128, block_n=256, block_k=64, warps_m=8, warps_n=1, stages=4, cluster_m=2),
 )
-ALL = TMA + TMA_PAIR + WGMMA + LARGE + MEDIUM + SMALL
+ALL = TMA + TMA_128 + TMA_PAIR + WGMMA + LARGE + MEDIUM + SMALL
 # the planner's preference lists for problems of >= 2 waves of 128 x 256 tiles: with the tma tile where it can
 # run (cuda-bindings, 16-bit output), without it elsewhere
 LARGE_NO_TMA = WGMMA + LARGE + MEDIUM + SMALL
@@ -255,6 +273,12 @@ def plan(problem: GemmProblem, spec: DeviceSpec) -> tiling.Plan:
     skinny = plan_skinny(problem, spec)
     if skinny is not None:
         return skinny
+    if spec.arch == "sm_90a" and problem.epilogue in (None, "swiglu") and _tma_unusable(problem) is None:
+        ranked = tma_ranked(problem, spec)
+        best, est = ranked[0]
+        why = (f"tma tile of least estimated time ({est:.1f} us: waves of work items, the weights' bytes, "
+               f"split-K's partial sums)")
+        return tiling.choose([c for c, _ in ranked] + list(LARGE_NO_TMA), spec, reason=why)
     n = problem.n
     est_m_tiles = max(1, problem.rows // 128) + min(problem.experts, max(problem.rows, 1)) // 2
     large_ctas = est_m_tiles * -(-n // 256)
@@ -314,6 +338,51 @@ def plan_skinny(problem: GemmProblem, spec: DeviceSpec) -> tiling.Plan | None:
     return tiling.choose([cfg], spec, reason=why)
 
 
+# The tma planner's cost model (H100 measurements of the tma kernel, docs/perf/grouped_gemm.md v5): a 128 x 256
+# x 64 stage takes ~0.84 us of one SM's tensor cores (4.2 MFLOP at ~5 TFLOP/s, 660 TFLOP/s over 132 SMs), a
+# 128 x 128 stage ~0.47 (10 % less efficient per FLOP: A is re-read per 128 columns); a persistent CTA works
+# through its items one after another, so the time is the waves of items times an item's stages; the bytes of
+# a and of every touched expert's weights cross DRAM at least once (at ~85 % of the datasheet bandwidth); a
+# split adds its fp32 partial sums' write and read-back and the reduce kernel's launch on top.
+TMA_STAGE_US = {256: 0.84, 128: 0.47}
+TMA_MIN_K_TILES = 4  # k tiles per split at the least
+SPLIT_LAUNCH_US = 3.0
+
+
+def tma_estimate_us(problem: GemmProblem, cfg: GemmConfig, spec: DeviceSpec) -> float:
+    """Estimated microseconds of ``problem`` on the tma tile ``cfg`` (the planner's cost model above)."""
+    groups = max(1, min(problem.experts, problem.rows))
+    m_items = -(-problem.rows // 128) if groups == 1 else problem.rows // 128 + groups // 2 + 1
+    items = m_items * -(-problem.n // cfg.block_n) * cfg.split_k
+    k_tiles = -(-problem.k // 64)
+    waves = -(-items // spec.sm_count)
+    compute = waves * -(-k_tiles // cfg.split_k) * TMA_STAGE_US[cfg.block_n]
+    bw = 0.85 * (spec.peaks.mem_bandwidth_gbs if spec.peaks else 2000.0) * 1e3  # bytes per us
+    weight_rows = min(problem.experts, max(problem.rows, 1)) * problem.n
+    moved = 2.0 * (problem.rows + weight_rows) * problem.k
+    extra = 0.0
+    if cfg.split_k > 1:  # the partial sums' write and the reduce's read do not hide under the tiles' work
+        extra = SPLIT_LAUNCH_US + 2 * 4.0 * problem.rows * problem.n * cfg.split_k / bw
+    return max(compute, moved / bw) + extra
+
+
+def tma_ranked(problem: GemmProblem, spec: DeviceSpec) -> list[tuple[GemmConfig, float]]:
+    """The tma tiles (128 x 256 and 128 x 128, each deepest ring, split K 1..8 while each split keeps at least
+    ``TMA_MIN_K_TILES`` k tiles) with their estimated time, fastest first (ties: the wider tile, fewer splits)."""
+    k_tiles = -(-problem.k // 64)
+    out = []
+    for order, base in enumerate((TMA[0], TMA_128[0])):
+        if base.block_n > 128 and problem.n <= 128:
+            continue
+        for split in range(1, TMA_MAX_SPLIT + 1):
+            if split > 1 and k_tiles // split < TMA_MIN_K_TILES:
+                break
+            cfg = dataclasses.replace(base, split_k=split)
+            out.append((tma_estimate_us(problem, cfg, spec), order, split, cfg))
+    out.sort(key=lambda t: t[:3])
+    return [(cfg, est) for est, _, _, cfg in out]
+
+
 def _tma_unusable(problem: GemmProblem) -> str | None:
     """Why the tma tile cannot run ``problem`` here (None when it can): the tensor maps need cuda-bindings, and
     the kernel addresses b's rows as one int coordinate (experts * N < 2**31)."""
@@ -331,7 +400,7 @@ def variants(spec: DeviceSpec) -> list[GemmConfig]:
     check_arch(spec)
     out = []
     for epilogue in EPILOGUES:
-        for candidates in (LARGE_ORDER, LARGE_NO_TMA, MEDIUM + SMALL):
+        for candidates in (LARGE_ORDER, LARGE_NO_TMA, MEDIUM + SMALL, TMA_128 + LARGE_NO_TMA):
             fitting = [c for c in _for_device(candidates, spec) if epilogue in c.epilogues()]
             cfg = tiling.choose(fitting, spec, reason="").config
             if cfg not in out:

@@ -18,6 +18,10 @@ Contract:
   down projection).
 - ``out_dtype``: ``None`` (a's dtype) or ``numpy.float32`` (plain GEMM only: fp32 results, e.g. router logits).
 
+On sm_90a a tma tile may split each output tile's K range over several work items (weight-bound problems with
+few tiles, ``gemm_configs.tma_ranked``): their fp32 sums go to scratch the call keeps, and a second kernel adds
+them in a fixed order (deterministic) with the epilogue and row scale.
+
 Nothing is synchronised with the host: the kernel finds each CTA's (expert, m-tile, n-tile) from ``offsets``
 itself (grouped_gemm.cu's header), so the call can be captured in a CUDA graph.
 """
@@ -33,6 +37,7 @@ from cukernels import launch as _launch
 from . import gemm_configs, launch
 
 SOURCE = Path(__file__).parent / "kernels" / "grouped_gemm.cu"
+SPLIT_KEEP_BYTES = 64 << 20  # a split-K call keeps partial-sum scratch up to this size for its next run
 _DTYPES = (dtypes.FP16, dtypes.BF16)
 
 
@@ -116,7 +121,7 @@ class GemmCall:
             self.empty = problem.rows == 0
             if self.empty:
                 return
-            P = _launch.Ptr  # 0 a, 1 b, 2 out, 3 offsets, 4 row_scale (0: none)
+            P = _launch.Ptr  # 0 a, 1 b, 2 out, 3 offsets, 4 row_scale (0: none), 5 gather index, 6 split sums
             a_arg, b_arg = P(0), P(1)
             kern = launch.kernel(SOURCE, config.name_expression(dtype=dtype, epilogue=problem.epilogue,
                                                                 out_dtype=out_dtype))
@@ -137,16 +142,40 @@ class GemmCall:
                     np.int32(problem.k))
             if config.kind == "skinny":  # 5: the gather's row index (0: none) and its divisor
                 args += (P(5), np.int32(max(1, self.gather)))
+            splits = config.split_k if config.kind == "tma" else 1
+            if config.kind == "tma":  # 6: the split sums [splits, rows, N] fp32 (unused without a split)
+                args += (P(6), np.int32(splits), np.int32(problem.rows))
             grid = config.grid(problem, launch.spec().sm_count, clusters)
             if config.kind == "skinny":  # persistent: what the GPU holds at once, striding over the items
                 grid = min(grid, kern.blocks_per_sm(config.threads, config.smem_bytes()) * launch.spec().sm_count)
             self.launcher = _launch.Launcher(
                 kern, (grid,), (config.threads,), args,
                 smem=config.smem_bytes())
+            self.split_sums, self.reduce = None, None
+            if splits > 1:  # the split sums' adder: epilogue, row scale and the 16-bit store
+                nbytes = 4 * splits * problem.rows * problem.n
+                self.split_sums = _launch.KeptWorkspace(nbytes, keep_bytes=SPLIT_KEEP_BYTES)
+                red = launch.kernel(SOURCE, f"moe_splitk_reduce<{dtypes.ctype(dtype)}, "
+                                            f"{gemm_configs.EPILOGUES[problem.epilogue]}>")
+                steps = problem.rows * n_out // 8
+                self.reduce = _launch.Launcher(
+                    red, (max(1, min(-(-steps // 256), 8 * launch.spec().sm_count)),), (256,),
+                    (P(6), P(2), P(3), P(4), np.int32(problem.experts), np.int32(problem.n), np.int32(splits),
+                     np.int32(problem.rows)))
 
     def enqueue(self, stream: int, pa: int, pb: int, pout: int, poffsets: int, pscale: int, pindex: int = 0) -> None:
-        if not self.empty:
-            self.launcher.launch(stream, (pa, pb, pout, poffsets, pscale, pindex))
+        if self.empty:
+            return
+        if self.reduce is None:
+            self.launcher.launch(stream, (pa, pb, pout, poffsets, pscale, pindex, 0))
+            return
+        # split K: the partial sums live in scratch that the reduce reads in stream order; kept for the next call
+        # on this stream (split K is planned for few rows: a few MiB), fresh under graph capture (the graph's)
+        owner, pws = self.split_sums.take(self.frame, stream)
+        ptrs = (pa, pb, pout, poffsets, pscale, pindex, pws)
+        self.launcher.launch(stream, ptrs)
+        self.reduce.launch(stream, ptrs)
+        del owner
 
     def __call__(self, pa: int, pb: int, poffsets: int, pscale: int):
         f = self.frame

@@ -57,6 +57,22 @@ def _gemm(split: str, experts: int = 32) -> GemmShape:
                      rows=8192, n=11008, k=4096, experts=experts, split=split, tags=("gemm", "primary"))
 
 
+# The projections of models.bench's dense models (one group: QKV, output, gate/up, down of medium and large) at
+# 128 tokens (weight-bound), 2048 and 8192: where a 128 x 256 tile grid leaves SMs idle
+_DENSE_MODELS = {"medium": (2048, 5632, 6144), "large": (4096, 11008, 12288)}
+
+
+def _dense() -> list[GemmShape]:
+    out = []
+    for model, (hidden, inter, qkv) in _DENSE_MODELS.items():
+        for rows in (128, 2048, 8192):
+            for what, n, k in (("qkv", qkv, hidden), ("o", hidden, hidden), ("gateup", 2 * inter, hidden),
+                               ("down", hidden, inter)):
+                out.append(GemmShape(name=f"dense_{model}_{what}_M{rows}", rows=rows, n=n, k=k, experts=1,
+                                     split="one", tags=("dense",)))
+    return out
+
+
 SHAPES: tuple[MoEShape | GemmShape, ...] = (
     MoEShape(name="route_T32768_E32_top2", tokens=32768, experts=32, top_k=2, tags=("routing", "primary")),
     MoEShape(name="route_T32768_E256_top8", tokens=32768, experts=256, top_k=8, tags=("routing", "primary")),
@@ -78,6 +94,7 @@ SHAPES: tuple[MoEShape | GemmShape, ...] = (
     # launch overhead (seed 004: < 50 us per call): every piece and the layer, on problems the kernels finish at once
     MoEShape(name="overhead_T16_E8_top2", tokens=16, experts=8, top_k=2, hidden=256, intermediate=512,
              route_alone=True, tags=("overhead",)),
+    *_dense(),
 )
 
 SUITES = {
@@ -87,6 +104,7 @@ SUITES = {
     "seed004": "seed004",
     "primary": "primary",
     "gemm": "gemm",
+    "dense": "dense",
     "overhead": "overhead",
     "decode": "decode",
 }

@@ -28,7 +28,8 @@ def test_plan_fits(spec, problem):
     plan = gemm_configs.plan(problem, spec)
     assert plan.smem_bytes <= spec.smem_per_block_optin
     assert plan.config.threads <= spec.max_threads_per_block
-    assert plan.config in gemm_configs.variants(spec)
+    kernel = dataclasses.replace(plan.config, split_k=1) if plan.config.kind == "tma" else plan.config
+    assert kernel in gemm_configs.variants(spec)  # a tma split runs the same kernel
     assert "smem" in str(plan)
 
 
@@ -62,6 +63,7 @@ def test_every_planned_variant_compiles_without_spills(arch):
              for ep in c.epilogues()]
     exprs += [c.name_expression(dtype=dt, out_dtype=np.float32) for c in configs for dt in (np.float16, BF16)
               if c.kind != "tma"]  # the tma tile writes 16-bit outputs only (the planner knows)
+    exprs += [f"moe_splitk_reduce<{t}, {e}>" for t in ("__half", "__nv_bfloat16") for e in (0, 1)]
     res = compile.compile_offline(SOURCE, exprs, arch)
     for expr, r in res.items():
         assert r.spills == 0 and r.stack_bytes == 0, f"{arch} {expr}: {r}"
@@ -128,7 +130,7 @@ def test_tma_config():
     pair, cfg = gemm_configs.TMA_PAIR[0], gemm_configs.TMA[0]
     assert cfg.threads == 384 and cfg.persistent and cfg.needs_arch == "sm_90a" and cfg.cluster_m == 1
     assert cfg.smem_bytes() == 4 * 48 * 1024 + 32 * 1024 + 64 + 1024 <= 232448
-    assert cfg.name_expression(dtype=BF16, epilogue="swiglu") == "moe_grouped_gemm_tma<__nv_bfloat16, 4, 1>"
+    assert cfg.name_expression(dtype=BF16, epilogue="swiglu") == "moe_grouped_gemm_tma<__nv_bfloat16, 4, 1, 256>"
     assert pair.cluster_m == 2 and pair.name_expression(dtype=BF16) == "moe_grouped_gemm_tma_pair<__nv_bfloat16, 4, 0>"
     with pytest.raises(ValueError, match="cluster_m"):
         dataclasses.replace(gemm_configs.WGMMA[0], cluster_m=2)
@@ -137,10 +139,21 @@ def test_tma_config():
         cfg.name_expression(dtype=BF16, out_dtype=np.float32)
     with pytest.raises(ValueError, match="tma tile"):
         gemm_configs.GemmConfig(kind="tma", block_m=64, block_n=256, block_k=64, warps_m=4, warps_n=1, stages=4)
+    narrow = gemm_configs.TMA_128[0]
+    assert narrow.stages == 6 and narrow.smem_bytes() == 6 * 32 * 1024 + 32 * 1024 + 96 + 1024 <= 232448
+    assert narrow.name_expression(dtype=BF16) == "moe_grouped_gemm_tma<__nv_bfloat16, 6, 0, 128>"
+    with pytest.raises(ValueError, match="tma tile"):  # 5 stages of 48 KiB do not fit
+        dataclasses.replace(cfg, stages=5)
+    with pytest.raises(ValueError, match="without split K"):
+        dataclasses.replace(pair, split_k=2)
+    with pytest.raises(ValueError, match="split_k must be"):
+        dataclasses.replace(cfg, split_k=9)
     p = gemm_configs.GemmProblem(rows=1000, n=512, k=64, experts=8, dtype="bf16")
     with pytest.raises(ValueError, match="SM count"):
         cfg.grid(p)
     assert cfg.grid(p, 132) == min(132, gemm_configs.LARGE[0].grid(p)) and cfg.grid(p, 4) == 4
+    split = dataclasses.replace(cfg, split_k=3)  # each split of a tile is a work item
+    assert split.grid(p, 1000) == 3 * gemm_configs.LARGE[0].grid(p) and "split K 3" in str(split)
     # pairs of m-tiles: (1000 // 256 + 8) x 2 work items, 2 CTAs each, at most the co-resident clusters
     assert pair.grid(p, 132) == 2 * 22 and pair.grid(p, 132, clusters=10) == 20
 
@@ -160,6 +173,25 @@ def test_planner_tma_choice(monkeypatch):
     plan = gemm_configs.plan(big, h100)
     assert plan.config.kind == "wgmma" and "no cuda-bindings here" in plan.reason
     assert all(c.kind != "tma" for c in gemm_configs.candidates(big, h100))
+
+
+def test_planner_sizes_tma_tiles_to_the_machine(monkeypatch):
+    """Weight-bound one-group GEMMs (128 tokens) take 128-column tiles and split K until the work items fill the
+    SMs; compute-bound ones keep 128 x 256 without a split (its partial sums would cost more than the tail)."""
+    from cukernels import tma
+
+    monkeypatch.setattr(tma, "available", lambda: None)
+    h100 = device.profile("h100_sxm")
+    down = gemm_configs.GemmProblem(rows=128, n=4096, k=11008, experts=1, dtype="bf16")
+    cfg = gemm_configs.plan(down, h100).config
+    assert cfg.kind == "tma" and cfg.block_n == 128 and cfg.split_k > 1
+    assert h100.sm_count // 2 < 32 * cfg.split_k <= h100.sm_count  # 32 column tiles x the splits: one wave
+    big = gemm_configs.GemmProblem(rows=16384, n=12288, k=4096, experts=1, dtype="bf16")
+    cfg = gemm_configs.plan(big, h100).config
+    assert (cfg.kind, cfg.block_n, cfg.split_k) == ("tma", 256, 1)
+    ranked = gemm_configs.tma_ranked(down, h100)
+    assert [e for _, e in ranked] == sorted(e for _, e in ranked)
+    assert all(-(-11008 // 64) // c.split_k >= gemm_configs.TMA_MIN_K_TILES for c, _ in ranked)
 
 
 def test_grid_bounds_every_split():

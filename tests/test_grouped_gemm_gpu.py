@@ -1,5 +1,7 @@
 """Grouped GEMM and MoE layer on a GPU, against float64 references: random and empty groups, ragged tails in M,
 N and K, both dtypes, every epilogue, every config that fits, poisoned outputs, CUDA-graph capture of the layer."""
+import dataclasses
+
 import numpy as np
 import pytest
 
@@ -97,7 +99,8 @@ def _tma_configs():
         pytest.skip("the tma tile needs sm_90a")
     if tma.available():
         pytest.skip(tma.available())
-    return [c for c in gemm_configs.TMA + gemm_configs.TMA_PAIR if c.smem_bytes() <= spec.smem_per_block_optin]
+    return [c for c in gemm_configs.TMA + gemm_configs.TMA_128 + gemm_configs.TMA_PAIR
+            if c.smem_bytes() <= spec.smem_per_block_optin]
 
 
 @pytest.mark.parametrize("epilogue", [None, "swiglu"])
@@ -128,6 +131,43 @@ def test_tma_persistent_many_tiles(dtype, epilogue):
         got = grouped_gemm(a, b[:3], sub, epilogue=epilogue, config=cfg)
         ref2 = reference(a, b[:3], sub, epilogue=epilogue)
         _check(got[129:4130], ref2[129:4130], dtype, f"{cfg} {epilogue} sub-range")
+
+
+@pytest.mark.parametrize("epilogue", [None, "swiglu"])
+@pytest.mark.parametrize("dtype", DTYPES, ids=dtypes.dtype_name)
+def test_tma_split_k(dtype, epilogue):
+    """Split K on both tma tiles: K ranges of unequal length (K = 1000: 16 k tiles, a tail), splits 2-8, row scale,
+    one group of 200 rows (a partial m tile) and a grouped case with an empty group; the poisoned output's rows
+    outside the groups stay unwritten; the planner's own split for a weight-bound GEMM agrees too."""
+    import cupy
+
+    _tma_configs()
+    n, k = 1296, 1000
+    for counts in ([200], [70, 0, 300, 5]):
+        rows = sum(counts) + 16  # rows past the last group: the reduce must not write them
+        off = cupy.asarray(np.concatenate([[0], np.cumsum(counts)]).astype(np.int32))
+        a = dtypes.random((rows, k), dtype, seed=51)
+        b = dtypes.random((len(counts), n, k), dtype, seed=52, scale=1.0 / np.sqrt(k))
+        scale = cupy.asarray(np.random.default_rng(9).random(rows, dtype=np.float32) + 0.5)
+        ref = reference(a, b, off, epilogue=epilogue, row_scale=scale)
+        for base, split in ((gemm_configs.TMA_128[0], 2), (gemm_configs.TMA_128[1], 3), (gemm_configs.TMA[0], 4),
+                            (gemm_configs.TMA_128[0], 8)):
+            cfg = dataclasses.replace(base, split_k=split)
+            checks.poison_pool(64 << 20)
+            out = grouped_gemm(a, b, off, epilogue=epilogue, row_scale=scale, config=cfg)
+            last = sum(counts)
+            _check(out[:last], ref[:last], dtype, f"{cfg} {epilogue} {counts}")
+            assert (out[last:].view(np.uint16).get() == 0xFFFF).all(), f"{cfg}: rows past the groups were written"
+    p = gemm_configs.GemmProblem(rows=128, n=4096, k=11008, experts=1, dtype=dtypes.dtype_name(dtype),
+                                 epilogue=epilogue)
+    plan = gemm_configs.plan(p, device.current())
+    if device.current().sm_count >= 100:
+        assert plan.config.kind == "tma" and plan.config.split_k > 1, plan
+    a = dtypes.random((128, 11008), dtype, seed=53)
+    b = dtypes.random((1, 4096, 11008), dtype, seed=54, scale=1.0 / np.sqrt(11008))
+    off = cupy.asarray(np.array([0, 128], dtype=np.int32))
+    _check(grouped_gemm(a, b, off, epilogue=epilogue), reference(a, b, off, epilogue=epilogue), dtype,
+           f"planned {plan.config}")
 
 
 def _skinny_cases():

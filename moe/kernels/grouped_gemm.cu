@@ -423,11 +423,14 @@ moe_grouped_gemm_wgmma(const T* __restrict__ a, const T* __restrict__ b, TO* __r
 // memory (two 64-column blocks with the 128-byte swizzle: conflict-free fragment writes and 16-byte reads), then
 // its 128 threads write whole rows with 16-byte stores, guarded by the group's row count and N. Plain: two passes
 // of 128 columns; SwiGLU: one pass (256 columns of b -> 128 outputs). row_scale multiplies each row.
-template <typename T, int STAGES, int EPI, int CM>
+template <typename T, int STAGES, int EPI, int CM, int BN>
 __device__ __forceinline__ void grouped_gemm_tma(const tma::TensorMap& a_map, const tma::TensorMap& b_map,
                                                  T* __restrict__ out, const int* __restrict__ offsets,
-                                                 const float* __restrict__ row_scale, int experts, int N, int K) {
-    constexpr int BM = 128, BN = 256, BK = 64;
+                                                 const float* __restrict__ row_scale, int experts, int N, int K,
+                                                 float* __restrict__ partial, int splits, int rows) {
+    constexpr int BM = 128, BK = 64;
+    static_assert(BN == 128 || BN == 256, "128 or 256 columns per tile");
+    static_assert(CM == 1 || BN == 256, "clusters share 256-column tiles");
     constexpr int A_BYTES = BM * BK * 2, B_BYTES = BN * BK * 2, STAGE_BYTES = A_BYTES + B_BYTES;
     constexpr int EPI_BYTES = 64 * 128 * 2;  // per consumer warpgroup
     static_assert(EPI == EPI_NONE || EPI == EPI_SWIGLU, "plain or SwiGLU epilogue");
@@ -460,12 +463,14 @@ __device__ __forceinline__ void grouped_gemm_tma(const tma::TensorMap& a_map, co
         ws::regs_dec<40>();
         if (warp == 0) {
             int it = 0, e, mp, n_tile;
-            for (int unit = blockIdx.x / CM; locate_tile<BM * CM>(unit, offsets, experts, n_tiles, e, mp, n_tile);
+            for (int unit = blockIdx.x / CM;
+                 locate_tile<BM * CM>(unit / splits, offsets, experts, n_tiles, e, mp, n_tile);
                  unit += gridDim.x / CM) {
                 const int row0 = offsets[e] + (mp * CM + rank) * BM;
                 const int brow0 = e * N + n_tile * BN;
+                const int ks = unit % splits, kt_lo = ks * k_tiles / splits, kt_hi = (ks + 1) * k_tiles / splits;
                 if (lane == 0) {
-                    for (int kt = 0; kt < k_tiles; ++kt, ++it) {
+                    for (int kt = kt_lo; kt < kt_hi; ++kt, ++it) {
                         const int s = it % STAGES;
                         const unsigned full = full0 + 8 * s, sa = smem0 + s * STAGE_BYTES;
                         tma::mbar_wait(empty0 + 8 * s, ((it / STAGES) & 1) ^ 1);
@@ -487,7 +492,7 @@ __device__ __forceinline__ void grouped_gemm_tma(const tma::TensorMap& a_map, co
         const int g = wg - 1;            // which 64 rows of the tile
         const int tg = tid - 128 * wg;   // thread index in the warpgroup
         const unsigned ebuf = epi0 + g * EPI_BYTES;
-        float d[128];
+        float d[BN / 2];
         int it = 0, e, mp, n_tile;
         // the previous stage is free: one arrival per consumer warpgroup in this CTA and in the peer
         auto release = [&](int stage) {
@@ -495,23 +500,25 @@ __device__ __forceinline__ void grouped_gemm_tma(const tma::TensorMap& a_map, co
             if constexpr (CM > 1)
                 if (tg == 32) tma::mbar_arrive_cluster(empty0 + 8 * stage, rank ^ 1);
         };
-        for (int unit = blockIdx.x / CM; locate_tile<BM * CM>(unit, offsets, experts, n_tiles, e, mp, n_tile);
+        for (int unit = blockIdx.x / CM;
+             locate_tile<BM * CM>(unit / splits, offsets, experts, n_tiles, e, mp, n_tile);
              unit += gridDim.x / CM) {
             const int m_tile = mp * CM + rank;
+            const int ks = unit % splits, kt_lo = ks * k_tiles / splits, kt_hi = (ks + 1) * k_tiles / splits;
 #pragma unroll
-            for (int i = 0; i < 128; ++i) d[i] = 0.f;
-            for (int kt = 0; kt < k_tiles; ++kt, ++it) {
+            for (int i = 0; i < BN / 2; ++i) d[i] = 0.f;
+            for (int kt = kt_lo; kt < kt_hi; ++kt, ++it) {
                 const int s = it % STAGES;
                 tma::mbar_wait(full0 + 8 * s, (it / STAGES) & 1);
                 const unsigned sa = smem0 + s * STAGE_BYTES + g * (64 * BK * 2), sb = smem0 + s * STAGE_BYTES + A_BYTES;
                 const unsigned long long da = wgmma::desc_k_major(sa), db = wgmma::desc_k_major(sb);
                 wgmma::fence();
 #pragma unroll
-                for (int ks = 0; ks < BK / 16; ++ks)
-                    wgmma::mma_ss<T, 256>(d, wgmma::advance(da, ks * 32), wgmma::advance(db, ks * 32));
+                for (int k16 = 0; k16 < BK / 16; ++k16)
+                    wgmma::mma_ss<T, BN>(d, wgmma::advance(da, k16 * 32), wgmma::advance(db, k16 * 32));
                 wgmma::commit();
                 wgmma::wait<1>();  // the previous stage's wgmma are done: release it
-                if (kt > 0) release((it - 1) % STAGES);
+                if (kt > kt_lo) release((it - 1) % STAGES);
             }
             wgmma::wait<0>();
             release((it - 1) % STAGES);
@@ -520,8 +527,21 @@ __device__ __forceinline__ void grouped_gemm_tma(const tma::TensorMap& a_map, co
             const int row0 = offsets[e] + m_tile * BM + 64 * g;
             const int rows_here = min(64, offsets[e + 1] - row0);
             if (rows_here <= 0) continue;  // the whole warpgroup takes the same branch
-            const int n_out = EPI == EPI_SWIGLU ? N / 2 : N;
             const int r_frag = 16 * (warp & 3) + (lane >> 2), q = lane & 3;
+            if (splits > 1) {  // split K: this split's fp32 sums, straight from the fragments (moe_splitk_reduce)
+                float* dst = partial + ((size_t)ks * rows + row0) * N + n_tile * BN + 2 * q;
+#pragma unroll
+                for (int j = 0; j < BN / 8; ++j)
+#pragma unroll
+                    for (int h = 0; h < 2; ++h) {
+                        const int r = r_frag + 8 * h;
+                        if (r < rows_here && n_tile * BN + 8 * j < N)
+                            *reinterpret_cast<float2*>(dst + (size_t)r * N + 8 * j) =
+                                make_float2(d[4 * j + 2 * h], d[4 * j + 2 * h + 1]);
+                    }
+                continue;
+            }
+            const int n_out = EPI == EPI_SWIGLU ? N / 2 : N;
             float scale[2];
 #pragma unroll
             for (int h = 0; h < 2; ++h) {
@@ -532,13 +552,17 @@ __device__ __forceinline__ void grouped_gemm_tma(const tma::TensorMap& a_map, co
             auto staged = [&](int r, int c) {
                 return ebuf + (c >> 6) * 8192 + r * 128 + ((((c & 63) >> 3) ^ (r & 7)) << 4) + (c & 7) * 2;
             };
-            constexpr int PASSES = EPI == EPI_SWIGLU ? 1 : 2;
+            // passes of at most 128 output columns: SwiGLU one (BN / 2 outputs), plain BN / 128
+            constexpr int PASSES = EPI == EPI_SWIGLU ? 1 : BN / 128;
+            constexpr int FRAGS = BN / 8 / PASSES;             // 8-column fragments per pass
+            constexpr int PASS_COLS = EPI == EPI_SWIGLU ? BN / 2 : 128;  // output columns per pass
+            constexpr int CHUNKS = PASS_COLS / 8;              // 16-byte chunks per staged row
 #pragma unroll
             for (int p = 0; p < PASSES; ++p) {
                 ws::bar_sync(1 + g, 128);  // the last pass's reads of the staging buffer are done
 #pragma unroll
-                for (int jj = 0; jj < 32 / PASSES; ++jj) {
-                    const int j = p * (32 / PASSES) + jj;
+                for (int jj = 0; jj < FRAGS; ++jj) {
+                    const int j = p * FRAGS + jj;
 #pragma unroll
                     for (int h = 0; h < 2; ++h) {
                         const int r = r_frag + 8 * h;
@@ -559,10 +583,10 @@ __device__ __forceinline__ void grouped_gemm_tma(const tma::TensorMap& a_map, co
                     }
                 }
                 ws::bar_sync(1 + g, 128);
-                const int col0 = EPI == EPI_SWIGLU ? n_tile * 128 : n_tile * BN + p * 128;
+                const int col0 = EPI == EPI_SWIGLU ? n_tile * (BN / 2) : n_tile * BN + p * 128;
 #pragma unroll
-                for (int i = 0; i < 8; ++i) {
-                    const int idx = tg + 128 * i, r = idx >> 4, ch = idx & 15;
+                for (int i = 0; i < 64 * CHUNKS / 128; ++i) {
+                    const int idx = tg + 128 * i, r = idx / CHUNKS, ch = idx % CHUNKS;
                     if (r < rows_here && col0 + ch * 8 < n_out) {
                         const unsigned addr = staged(r, ch * 8);
                         uint4 v;
@@ -579,12 +603,13 @@ __device__ __forceinline__ void grouped_gemm_tma(const tma::TensorMap& a_map, co
 
 // The kernels: one CTA per work item, or clusters of two along M (the cluster shape is a compile-time attribute
 // of the pair kernel only; a single-CTA kernel carries none).
-template <typename T, int STAGES, int EPI>
+template <typename T, int STAGES, int EPI, int BN>
 __global__ void __launch_bounds__(384, 1)
 moe_grouped_gemm_tma(const __grid_constant__ tma::TensorMap a_map, const __grid_constant__ tma::TensorMap b_map,
                      T* __restrict__ out, const int* __restrict__ offsets, const float* __restrict__ row_scale,
-                     int experts, int N, int K) {
-    grouped_gemm_tma<T, STAGES, EPI, 1>(a_map, b_map, out, offsets, row_scale, experts, N, K);
+                     int experts, int N, int K, float* __restrict__ partial, int splits, int rows) {
+    grouped_gemm_tma<T, STAGES, EPI, 1, BN>(a_map, b_map, out, offsets, row_scale, experts, N, K, partial, splits,
+                                            rows);
 }
 
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ < 900
@@ -597,8 +622,56 @@ template <typename T, int STAGES, int EPI>
 __global__ void __launch_bounds__(384, 1) CLUSTER_OF_2
 moe_grouped_gemm_tma_pair(const __grid_constant__ tma::TensorMap a_map, const __grid_constant__ tma::TensorMap b_map,
                           T* __restrict__ out, const int* __restrict__ offsets, const float* __restrict__ row_scale,
-                          int experts, int N, int K) {
-    grouped_gemm_tma<T, STAGES, EPI, 2>(a_map, b_map, out, offsets, row_scale, experts, N, K);
+                          int experts, int N, int K, float* __restrict__ partial, int splits, int rows) {
+    grouped_gemm_tma<T, STAGES, EPI, 2, 256>(a_map, b_map, out, offsets, row_scale, experts, N, K, partial, 1,
+                                             rows);
+}
+
+// Split K (moe_grouped_gemm_tma with splits > 1): split s of a tile summed k tiles [s K_t / S, (s + 1) K_t / S)
+// into partial[s][row][column] (fp32, [splits, rows, N]); this kernel adds the S sums of each output element in
+// split order (deterministic), applies the epilogue and the row scale, and writes 8 outputs per thread-step in
+// 16-byte stores. Rows outside [offsets[0], offsets[experts]) were not computed and are not written.
+template <typename T, int EPI>
+__global__ void __launch_bounds__(256)
+moe_splitk_reduce(const float* __restrict__ partial, T* __restrict__ out, const int* __restrict__ offsets,
+                  const float* __restrict__ row_scale, int experts, int N, int splits, int rows) {
+    static_assert(EPI == EPI_NONE || EPI == EPI_SWIGLU, "plain or SwiGLU epilogue");
+    constexpr int IN = EPI == EPI_SWIGLU ? 16 : 8;  // partial columns per 8 outputs
+    const int lo = offsets[0], hi = offsets[experts];
+    const int n_out = EPI == EPI_SWIGLU ? N / 2 : N, chunks = n_out / 8;
+    const long long total = (long long)(hi - lo) * chunks;
+    const size_t split_stride = (size_t)rows * N;
+    for (long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x; i < total;
+         i += (long long)gridDim.x * blockDim.x) {
+        const int r = lo + (int)(i / chunks), c8 = (int)(i % chunks) * 8;
+        const float* src = partial + (size_t)r * N + (size_t)c8 * (IN / 8);
+        float v[IN];
+#pragma unroll
+        for (int x = 0; x < IN; ++x) v[x] = 0.f;
+        for (int s = 0; s < splits; ++s, src += split_stride) {
+#pragma unroll
+            for (int x = 0; x < IN / 4; ++x) {
+                const float4 f = __ldcs(reinterpret_cast<const float4*>(src) + x);
+                v[4 * x] += f.x; v[4 * x + 1] += f.y; v[4 * x + 2] += f.z; v[4 * x + 3] += f.w;
+            }
+        }
+        const float scale = row_scale != nullptr ? row_scale[r] : 1.f;
+        unsigned packed[4];
+#pragma unroll
+        for (int x = 0; x < 4; ++x) {
+            float o0, o1;
+            if constexpr (EPI == EPI_SWIGLU) {
+                const float g0 = v[4 * x], u0 = v[4 * x + 1], g1 = v[4 * x + 2], u1 = v[4 * x + 3];
+                o0 = g0 / (1.f + __expf(-g0)) * u0;
+                o1 = g1 / (1.f + __expf(-g1)) * u1;
+            } else {
+                o0 = v[2 * x];
+                o1 = v[2 * x + 1];
+            }
+            packed[x] = mma::Convert<T>::pack(o0 * scale, o1 * scale);
+        }
+        *reinterpret_cast<uint4*>(out + (size_t)r * n_out + c8) = make_uint4(packed[0], packed[1], packed[2], packed[3]);
+    }
 }
 
 // ---------------------------------------------------------------- skinny tiles (decode-sized groups)
