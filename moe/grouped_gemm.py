@@ -157,9 +157,9 @@ class GemmCall:
                 self.split_sums = _launch.KeptWorkspace(nbytes, keep_bytes=SPLIT_KEEP_BYTES)
                 red = launch.kernel(SOURCE, f"moe_splitk_reduce<{dtypes.ctype(dtype)}, "
                                             f"{gemm_configs.EPILOGUES[problem.epilogue]}>")
-                steps = problem.rows * n_out // 8
+                across = -(-(n_out // 8) // 256)  # CTAs along a row's 8-output chunks; rows strided over y
                 self.reduce = _launch.Launcher(
-                    red, (max(1, min(-(-steps // 256), 8 * launch.spec().sm_count)),), (256,),
+                    red, (across, max(1, min(problem.rows, 8 * launch.spec().sm_count // across))), (256,),
                     (P(6), P(2), P(3), P(4), np.int32(problem.experts), np.int32(problem.n), np.int32(splits),
                      np.int32(problem.rows)))
 

@@ -629,7 +629,7 @@ moe_grouped_gemm_tma_pair(const __grid_constant__ tma::TensorMap a_map, const __
 
 // Split K (moe_grouped_gemm_tma with splits > 1): split s of a tile summed k tiles [s K_t / S, (s + 1) K_t / S)
 // into partial[s][row][column] (fp32, [splits, rows, N]); this kernel adds the S sums of each output element in
-// split order (deterministic), applies the epilogue and the row scale, and writes 8 outputs per thread-step in
+// split order (deterministic), applies the epilogue and the row scale, and writes 8 outputs per thread and row in
 // 16-byte stores. Rows outside [offsets[0], offsets[experts]) were not computed and are not written.
 template <typename T, int EPI>
 __global__ void __launch_bounds__(256)
@@ -639,11 +639,11 @@ moe_splitk_reduce(const float* __restrict__ partial, T* __restrict__ out, const 
     constexpr int IN = EPI == EPI_SWIGLU ? 16 : 8;  // partial columns per 8 outputs
     const int lo = offsets[0], hi = offsets[experts];
     const int n_out = EPI == EPI_SWIGLU ? N / 2 : N, chunks = n_out / 8;
-    const long long total = (long long)(hi - lo) * chunks;
     const size_t split_stride = (size_t)rows * N;
-    for (long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x; i < total;
-         i += (long long)gridDim.x * blockDim.x) {
-        const int r = lo + (int)(i / chunks), c8 = (int)(i % chunks) * 8;
+    const int c = blockIdx.x * blockDim.x + threadIdx.x;  // grid: x over a row's chunks, y strides the rows
+    if (c >= chunks) return;
+    const int c8 = 8 * c;
+    for (int r = lo + blockIdx.y; r < hi; r += gridDim.y) {
         const float* src = partial + (size_t)r * N + (size_t)c8 * (IN / 8);
         float v[IN];
 #pragma unroll
@@ -656,21 +656,22 @@ moe_splitk_reduce(const float* __restrict__ partial, T* __restrict__ out, const 
             }
         }
         const float scale = row_scale != nullptr ? row_scale[r] : 1.f;
-        unsigned packed[4];
+        float o[8];
 #pragma unroll
-        for (int x = 0; x < 4; ++x) {
-            float o0, o1;
+        for (int x = 0; x < 8; ++x) {
             if constexpr (EPI == EPI_SWIGLU) {
-                const float g0 = v[4 * x], u0 = v[4 * x + 1], g1 = v[4 * x + 2], u1 = v[4 * x + 3];
-                o0 = g0 / (1.f + __expf(-g0)) * u0;
-                o1 = g1 / (1.f + __expf(-g1)) * u1;
+                const float gate = v[2 * x], up = v[2 * x + 1];
+                o[x] = gate / (1.f + __expf(-gate)) * up * scale;
             } else {
-                o0 = v[2 * x];
-                o1 = v[2 * x + 1];
+                o[x] = v[x] * scale;
             }
-            packed[x] = mma::Convert<T>::pack(o0 * scale, o1 * scale);
         }
-        *reinterpret_cast<uint4*>(out + (size_t)r * n_out + c8) = make_uint4(packed[0], packed[1], packed[2], packed[3]);
+        uint4 packed;
+        packed.x = mma::Convert<T>::pack(o[0], o[1]);
+        packed.y = mma::Convert<T>::pack(o[2], o[3]);
+        packed.z = mma::Convert<T>::pack(o[4], o[5]);
+        packed.w = mma::Convert<T>::pack(o[6], o[7]);
+        *reinterpret_cast<uint4*>(out + (size_t)r * n_out + c8) = packed;
     }
 }
 
