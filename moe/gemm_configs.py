@@ -423,9 +423,13 @@ def tune_files() -> tuple[Path, ...]:
 def candidates(problem: GemmProblem, spec: DeviceSpec) -> list[GemmConfig]:
     """The configs ``plan`` chooses among for ``problem`` on ``spec`` (the tuning search space): its heuristic
     choice first (the profile's override where there is one), then every tile of ``ALL`` that fits the device and
-    is built with the problem's epilogue, in preference order (256-wide tiles only when n >= 256)."""
+    is built with the problem's epilogue, in preference order (256-wide tiles only when n >= 256); on sm_90a the
+    four tma tile / split-K pairs the cost model ranks best come right after the heuristic's choice."""
     chosen = tune.heuristic(plan, problem, spec).config
     no_tma = _tma_unusable(problem)
     pool = [c for c in _for_device(ALL, spec) if problem.epilogue in c.epilogues() and tiling.fits(c, spec) is None
             and (c.block_n <= problem.n or c.block_n < 256) and not (c.kind == "tma" and no_tma)]
+    if (spec.arch == "sm_90a" and no_tma is None and problem.epilogue in (None, "swiglu")
+            and plan_skinny(problem, spec) is None):
+        pool = [c for c, _ in tma_ranked(problem, spec)[:4] if tiling.fits(c, spec) is None] + pool
     return [chosen, *dict.fromkeys(c for c in pool if c != chosen)]

@@ -230,6 +230,17 @@ def test_gemm_candidates_hold_the_heuristic_and_fit(profile, shape):
         assert n >= 256 or c.block_n < 256
 
 
+def test_gemm_candidates_offer_tma_splits(monkeypatch):
+    from cukernels import tma
+
+    monkeypatch.setattr(tma, "available", lambda: None)
+    spec = device.profile("h100_sxm")
+    problem = gemm_configs.GemmProblem(rows=128, n=4096, k=11008, experts=1, dtype="bf16")
+    cands = gemm_configs.candidates(problem, spec)
+    assert cands[0] == gemm_configs.plan(problem, spec).config and len(set(cands)) == len(cands)
+    assert sum(c.kind == "tma" and c.split_k > 1 for c in cands) >= 2
+
+
 def test_pick_keeps_the_heuristic_and_the_preference_order():
     assert tune.pick([1, 2, 3, 4], 3, None) == [3, 1, 2, 4]
     assert tune.pick([1, 2, 3, 4], 3, 2) == [3, 1]
