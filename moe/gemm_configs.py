@@ -231,8 +231,8 @@ TMA_PAIR = (
     GemmConfig(kind="tma", block_m=128, block_n=256, block_k=64, warps_m=8, warps_n=1, stages=4, cluster_m=2),
 )
 ALL = TMA + TMA_128 + TMA_PAIR + WGMMA + LARGE + MEDIUM + SMALL
-# the planner's preference lists for problems of >= 2 waves of 128 x 256 tiles: with the tma tile where it can
-# run (cuda-bindings, 16-bit output), without it elsewhere
+# the preference lists for problems of >= 2 waves of 128 x 256 tiles: with the tma tile (variants() and tuning; on
+# sm_90a the planner ranks the tma tiles itself, tma_ranked), without it where the tma tile cannot run
 LARGE_NO_TMA = WGMMA + LARGE + MEDIUM + SMALL
 LARGE_ORDER = TMA + LARGE_NO_TMA
 
@@ -262,8 +262,10 @@ def check_arch(spec: DeviceSpec) -> None:
 
 
 def plan(problem: GemmProblem, spec: DeviceSpec) -> tiling.Plan:
-    """The tile for ``problem`` on ``spec``: 128 x 256 when it leaves at least two waves of CTAs, else 128 x 128,
-    each with the deepest pipeline that fits ``spec.smem_per_block_optin``."""
+    """The tile for ``problem`` on ``spec``: a tuned or profile config when there is one; skinny tiles for
+    decode-sized groups; on sm_90a (cuda-bindings, plain or SwiGLU, 16-bit output) the tma tile and split K of
+    least estimated time (``tma_ranked``); elsewhere 128 x 256 when it leaves at least two waves of CTAs, else
+    128 x 128, each with the deepest pipeline that fits ``spec.smem_per_block_optin``."""
     check_arch(spec)
     tuned = tune.lookup(OP, problem, spec, files=tune_files(), types=(GemmConfig,))  # --tune on this GPU
     if tuned is None:
@@ -275,8 +277,7 @@ def plan(problem: GemmProblem, spec: DeviceSpec) -> tiling.Plan:
         return skinny
     if spec.arch == "sm_90a" and problem.epilogue in (None, "swiglu") and _tma_unusable(problem) is None:
         ranked = tma_ranked(problem, spec)
-        best, est = ranked[0]
-        why = (f"tma tile of least estimated time ({est:.1f} us: waves of work items, the weights' bytes, "
+        why = (f"tma tile of least estimated time ({ranked[0][1]:.1f} us: waves of work items, the weights' bytes, "
                f"split-K's partial sums)")
         return tiling.choose([c for c, _ in ranked] + list(LARGE_NO_TMA), spec, reason=why)
     n = problem.n

@@ -115,6 +115,9 @@ class GemmCall:
                 config = launch.plan(gemm_configs.plan, problem).config
             else:
                 tiling.check_fits(config, launch.spec())
+            if config.kind == "tma" and config.split_k > -(-problem.k // config.block_k):
+                raise ValueError(f"{config}: split_k {config.split_k} exceeds K's {-(-problem.k // config.block_k)} "
+                                 f"k tiles of {config.block_k} (K = {problem.k}); every split needs one")
             self.config, self.gather = config, int(gather) if config.kind == "skinny" else 0
             n_out = problem.n // 2 if problem.epilogue == "swiglu" else problem.n
             self.out_shape, self.out_dtype = (problem.rows, n_out), dtypes.dtype_name(out_dtype)
@@ -174,8 +177,7 @@ class GemmCall:
         owner, pws = self.split_sums.take(self.frame, stream)
         ptrs = (pa, pb, pout, poffsets, pscale, pindex, pws)
         self.launcher.launch(stream, ptrs)
-        self.reduce.launch(stream, ptrs)
-        del owner
+        self.reduce.launch(stream, ptrs)  # owner (a local) holds the scratch until both are enqueued
 
     def __call__(self, pa: int, pb: int, poffsets: int, pscale: int):
         f = self.frame

@@ -59,7 +59,8 @@ def _gemm(split: str, experts: int = 32) -> GemmShape:
 
 # The projections of models.bench's dense models (one group: QKV, output, gate/up, down of medium and large) at
 # 128 tokens (weight-bound), 2048 and 8192: where a 128 x 256 tile grid leaves SMs idle
-_DENSE_MODELS = {"medium": (2048, 5632, 6144), "large": (4096, 11008, 12288)}
+_DENSE_MODELS = {"medium": (2048, 5632, 6144), "large": (4096, 11008, 12288)}  # (hidden, intermediate, qkv):
+# models.configs (tests/test_models_cpu.py checks they agree)
 
 
 def _dense() -> list[GemmShape]:

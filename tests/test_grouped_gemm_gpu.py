@@ -158,6 +158,9 @@ def test_tma_split_k(dtype, epilogue):
             last = sum(counts)
             _check(out[:last], ref[:last], dtype, f"{cfg} {epilogue} {counts}")
             assert (out[last:].view(np.uint16).get() == 0xFFFF).all(), f"{cfg}: rows past the groups were written"
+    with pytest.raises(ValueError, match="exceeds K's 2 k tiles"):  # an empty split: refused before any launch
+        grouped_gemm(a[:, :128].copy(), b[:, :, :128].copy(), off,
+                     config=dataclasses.replace(gemm_configs.TMA[0], split_k=3))
     p = gemm_configs.GemmProblem(rows=128, n=4096, k=11008, experts=1, dtype=dtypes.dtype_name(dtype),
                                  epilogue=epilogue)
     plan = gemm_configs.plan(p, device.current())

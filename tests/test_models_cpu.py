@@ -222,3 +222,14 @@ def test_norm_rope_compiles_offline_without_spills(arch):
     for expr, r in res.items():
         assert r.spills == 0 and r.stack_bytes == 0 and r.static_smem_bytes == 0, f"{expr} on {arch}: {r}"
         assert r.registers <= 64, f"{expr} on {arch}: {r.registers} registers"
+
+
+def test_moe_dense_suite_is_the_models_projections():
+    """moe.bench's dense suite (moe never imports models) holds the medium and large models' GEMM shapes."""
+    from moe import suites
+
+    shapes = {(s.n, s.k) for s in suites.suite("dense")}
+    for name in ("medium", "large"):
+        m = configs.model(name)
+        h = m.hidden
+        assert {(m.qkv_width, h), (h, m.heads * m.head_dim), (2 * m.intermediate, h), (h, m.intermediate)} <= shapes

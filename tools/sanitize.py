@@ -3,6 +3,7 @@
 Run from the repository root with PYTHONPATH=. on a GPU. Each case is tiny (the sanitizer slows kernels by
 100x or more) but reaches the edges: ragged tiles, empty groups, rows with no visible key, every mask kind.
 """
+import dataclasses
 import sys
 
 import cupy
@@ -129,7 +130,8 @@ def gemm_cases():
         off = cupy.asarray(np.concatenate([[0], np.cumsum(counts)]).astype(np.int32))
         a = dtypes.random((sum(counts), 72), dtypes.BF16, seed=3)
         b = dtypes.random((len(counts), 272, 72), dtypes.BF16, seed=4)
-        for cfg in gemm_configs.TMA + gemm_configs.TMA_PAIR:
+        splits = [dataclasses.replace(c, split_k=2) for c in (gemm_configs.TMA_128[0], gemm_configs.TMA[0])]
+        for cfg in gemm_configs.TMA + gemm_configs.TMA_128 + gemm_configs.TMA_PAIR + tuple(splits):
             for epi in cfg.epilogues():
                 grouped_gemm(a, b, off, epilogue=epi, config=cfg, row_scale=cupy.ones(sum(counts), cupy.float32))
 

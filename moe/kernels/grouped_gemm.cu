@@ -400,13 +400,14 @@ moe_grouped_gemm_wgmma(const T* __restrict__ a, const T* __restrict__ b, TO* __r
 //
 // moe_grouped_gemm_tma (and _pair, clusters of 2): persistent, warp-specialised. 384 threads = three warpgroups:
 //   warpgroup 0, the producer: hands registers back (setmaxnreg 40); lane 0 of its warp 0 issues the TMA loads of
-//     each stage (A: 64 x 128 box of the [rows, K] map, B: 64 x 256 box of the [experts * N, K] map, both with the
+//     each stage (A: 64 x 128 box of the [rows, K] map, B: 64 x BN box of the [experts * N, K] map, both with the
 //     128-byte swizzle, so the stage is already wgmma's K-major layout) after waiting until the consumers freed it
 //     (empty barrier) and announcing its bytes on the stage's full barrier;
-//   warpgroups 1 and 2, the consumers (setmaxnreg 232): each owns 64 rows of the 128 x 256 tile, waits on the full
-//     barrier, issues 4 wgmma m64n256k16 per stage, keeps one wgmma group in flight, and releases the previous
+//   warpgroups 1 and 2, the consumers (setmaxnreg 232): each owns 64 rows of the 128 x BN tile (BN 256 or 128),
+//     waits on the full barrier, issues 4 wgmma m64nBNk16 per stage, keeps one wgmma group in flight, and releases the previous
 //     stage (one arrival per consumer warpgroup in each CTA of the cluster: the empty barriers count 2 CM).
-// Work: the CTA takes tiles blockIdx.x, blockIdx.x + gridDim.x, ... (grid = the SM count, or fewer tiles); every
+// Work: the CTA takes work items blockIdx.x, blockIdx.x + gridDim.x, ... (grid = the SM count, or fewer items);
+// item u is split u % splits of tile u / splits (splits = 1 but where the planner splits K, see below); every
 // warp that needs the work item finds it with locate_tile (no shared state, no __syncthreads after the start), so
 // the producer runs ahead into the next tile while the consumers write the last one. The stage ring and its
 // phases continue across tiles (iteration counter it: stage it % STAGES, phase (it / STAGES) & 1).
@@ -421,8 +422,9 @@ moe_grouped_gemm_wgmma(const T* __restrict__ a, const T* __restrict__ b, TO* __r
 // exited CTA), so no warp returns early.
 // Epilogue: each consumer warpgroup stages 64 rows x 128 output columns at a time in its own 16 KiB of shared
 // memory (two 64-column blocks with the 128-byte swizzle: conflict-free fragment writes and 16-byte reads), then
-// its 128 threads write whole rows with 16-byte stores, guarded by the group's row count and N. Plain: two passes
-// of 128 columns; SwiGLU: one pass (256 columns of b -> 128 outputs). row_scale multiplies each row.
+// its 128 threads write whole rows with 16-byte stores, guarded by the group's row count and N. Plain: BN / 128
+// passes of 128 columns; SwiGLU: one pass (BN columns of b -> BN / 2 outputs). row_scale multiplies each row.
+// With splits > 1 the consumers write their fp32 sums instead (no epilogue) and moe_splitk_reduce finishes.
 template <typename T, int STAGES, int EPI, int CM, int BN>
 __device__ __forceinline__ void grouped_gemm_tma(const tma::TensorMap& a_map, const tma::TensorMap& b_map,
                                                  T* __restrict__ out, const int* __restrict__ offsets,
