@@ -43,6 +43,9 @@ class Resources:
     spill_load_bytes: int
     stack_bytes: int
     static_smem_bytes: int
+    # ptxas' "Potential Performance Loss" notes for this kernel (e.g. C7515: its wgmma serialised, each waiting
+    # for the last), which a kernel that must keep the tensor cores fed may not have
+    performance_warnings: tuple[str, ...] = ()
 
     @property
     def spills(self) -> int:
@@ -199,6 +202,7 @@ _ENTRY = re.compile(r"Compiling entry function '([^']+)' for '([^']+)'")
 _PROPS = re.compile(r"(\d+) bytes stack frame, (\d+) bytes spill stores, (\d+) bytes spill loads")
 _USED = re.compile(r"Used (\d+) registers")
 _SMEM = re.compile(r"(\d+) bytes smem")
+_PERF = re.compile(r"\((C\d+)\) Potential Performance Loss: (.*?) in the function '([^']+)'")
 
 
 def _parse_ptxas(log: str) -> dict[str, dict[str, int]]:
@@ -214,6 +218,14 @@ def _parse_ptxas(log: str) -> dict[str, dict[str, int]]:
             if s := _SMEM.search(line):
                 current["smem"] = int(s.group(1))
     return out
+
+
+def _performance_warnings(log: str) -> dict[str, tuple[str, ...]]:
+    """Lowered kernel name -> ptxas' performance notes on it ("C7515: wgmma.mma_async instructions are ...")."""
+    out: dict[str, list[str]] = {}
+    for m in _PERF.finditer(log):
+        out.setdefault(m.group(3), []).append(f"{m.group(1)}: {m.group(2)}")
+    return {k: tuple(v) for k, v in out.items()}
 
 
 def compile_offline(
@@ -233,7 +245,7 @@ def compile_offline(
         except nvrtc.NVRTCError as exc:
             raise CompileError(source, name_expressions, opts, nvrtc.getProgramLog(prog) or str(exc)) from exc
         log = nvrtc.getProgramLog(prog)
-        parsed = _parse_ptxas(log)
+        parsed, perf = _parse_ptxas(log), _performance_warnings(log)
         result = {}
         for expr in name_expressions:
             lowered = nvrtc.getLoweredName(prog, expr)
@@ -248,6 +260,7 @@ def compile_offline(
                 spill_load_bytes=r["spill_ld"],
                 stack_bytes=r["stack"],
                 static_smem_bytes=r["smem"],
+                performance_warnings=perf.get(lowered, ()),
             )
         return result
     finally:

@@ -129,8 +129,9 @@ def test_every_planned_variant_compiles_without_spills(arch):
     problems = []
     for res in results:
         for expr, r in res.items():
-            if r.spills or r.stack_bytes:
-                problems.append(f"{r.arch} {expr}: {r.registers} regs, {r.spills} B spilled, {r.stack_bytes} B stack")
+            if r.spills or r.stack_bytes or r.performance_warnings:
+                problems.append(f"{r.arch} {expr}: {r.registers} regs, {r.spills} B spilled, {r.stack_bytes} B stack"
+                                f"{''.join('; ' + w for w in r.performance_warnings)}")
     assert not problems, "\n".join(problems)
 
 

@@ -115,9 +115,9 @@ def test_every_plannable_variant_compiles_without_spills(arch):
     bad = []
     for (arch, _, _), res in zip(jobs, results):
         for expr, r in res.items():
-            if r.spills or r.stack_bytes or r.static_smem_bytes:
+            if r.spills or r.stack_bytes or r.static_smem_bytes or r.performance_warnings:
                 bad.append(f"{arch} {expr}: {r.registers} regs, spills {r.spills} B, stack {r.stack_bytes} B, "
-                           f"static smem {r.static_smem_bytes} B")
+                           f"static smem {r.static_smem_bytes} B{''.join('; ' + w for w in r.performance_warnings)}")
     assert not bad, "\n".join(bad)
 
 

@@ -130,6 +130,14 @@ def test_offline_compile_reports_resources(arch):
         assert r.spills == 0 and r.stack_bytes == 0 and r.static_smem_bytes == 0
 
 
+def test_offline_compile_reports_serialised_wgmma():
+    """ptxas' C7515 note (wgmma serialised, each waiting for the last) reaches Resources, per kernel."""
+    res = compile.compile_offline(AXPY.parent / "wgmma_pipeline.cu", ["pipeline<true>", "pipeline<false>"], "sm_90a")
+    (note,) = res["pipeline<true>"].performance_warnings
+    assert note.startswith("C7515: wgmma.mma_async instructions are serialized")
+    assert res["pipeline<false>"].performance_warnings == ()
+
+
 @pytest.mark.parametrize("spec", device.all_profiles(), ids=lambda s: s.key)
 def test_engine_kernels_compile_for_every_profile(spec):
     from cukernels import bandwidth
