@@ -128,8 +128,8 @@ class GemmCall:
             a_arg, b_arg = P(0), P(1)
             kern = launch.kernel(SOURCE, config.name_expression(dtype=dtype, epilogue=problem.epilogue,
                                                                 out_dtype=out_dtype))
-            clusters = None
-            if config.kind == "tma":  # tensor maps over a [rows, K] and b [experts * N, K], bound at each launch
+            clusters, out_args = None, (P(2),)
+            if config.kind == "tma":  # tensor maps over a [rows, K], b [experts * N, K] and out [rows, n_out]
                 from cukernels import tma
 
                 row_bytes = (problem.k * 2,)
@@ -137,11 +137,13 @@ class GemmCall:
                                       swizzle=128, index=0)
                 b_arg = tma.TensorMap(2, (problem.k, problem.experts * problem.n), row_bytes,  # a cluster's CTAs
                                       (config.block_k, config.block_n // config.cluster_m), swizzle=128, index=1)
+                out_args = (tma.TensorMap(2, (n_out, problem.rows), (n_out * 2,), (64, 64), swizzle=128, index=2),
+                            P(2))  # 64 x 64 boxes of the epilogue's staging blocks; the pointer for partial slabs
                 if config.cluster_m > 1:  # the clusters that fit at once, not SMs / 2
                     kern.reserve_smem(config.smem_bytes())
                     clusters = tma.max_active_clusters(kern.handle, config.cluster_m, config.threads,
                                                        config.smem_bytes())
-            args = (a_arg, b_arg, P(2), P(3), P(4), np.int32(problem.experts), np.int32(problem.n),
+            args = (a_arg, b_arg, *out_args, P(3), P(4), np.int32(problem.experts), np.int32(problem.n),
                     np.int32(problem.k))
             if config.kind == "skinny":  # 5: the gather's row index (0: none) and its divisor
                 args += (P(5), np.int32(max(1, self.gather)))

@@ -424,13 +424,17 @@ moe_grouped_gemm_wgmma(const T* __restrict__ a, const T* __restrict__ b, TO* __r
 // The CTAs meet at a cluster barrier after the barrier inits and before exiting (no remote arrival may reach an
 // exited CTA), so no warp returns early.
 // Epilogue: each consumer warpgroup stages 64 rows x 128 output columns at a time in its own 16 KiB of shared
-// memory (two 64-column blocks with the 128-byte swizzle: conflict-free fragment writes and 16-byte reads), then
-// its 128 threads write whole rows with 16-byte stores, guarded by the group's row count and N. Plain: BN / 128
-// passes of 128 columns; SwiGLU: one pass (BN columns of b -> BN / 2 outputs). row_scale multiplies each row.
+// memory (two 64-column blocks with the 128-byte swizzle: conflict-free fragment writes and 16-byte reads, and the
+// layout of a 64 x 64 box of out_map). A slab of 64 rows inside its group leaves by TMA store (thread 0 of the
+// warpgroup issues one box per block; the copy engine clips at N), so the consumers go on to the next tile while
+// the engine writes; before a buffer is written again its last stores must have read it (wait_group.read). A
+// group's last, partial slab is written by the 128 threads in 16-byte row stores guarded by the group's row count
+// (a box would overwrite the next group's rows). Plain: BN / 128 passes of 128 columns; SwiGLU: one pass (BN
+// columns of b -> BN / 2 outputs). row_scale multiplies each row.
 // With splits > 1 the consumers write their fp32 sums instead (no epilogue) and moe_splitk_reduce finishes.
 template <typename T, int STAGES, int EPI, int CM, int BN>
 __device__ __forceinline__ void grouped_gemm_tma(const tma::TensorMap& a_map, const tma::TensorMap& b_map,
-                                                 T* __restrict__ out, const int* __restrict__ offsets,
+                                                 const tma::TensorMap& out_map, T* __restrict__ out, const int* __restrict__ offsets,
                                                  const float* __restrict__ row_scale, int experts, int N, int K,
                                                  float* __restrict__ partial, int splits, int rows) {
     constexpr int BM = 128, BK = 64;
@@ -451,6 +455,7 @@ __device__ __forceinline__ void grouped_gemm_tma(const tma::TensorMap& a_map, co
     if (tid == 0) {
         tma::prefetch_map(a_map);
         tma::prefetch_map(b_map);
+        tma::prefetch_map(out_map);
         for (int s = 0; s < STAGES; ++s) {
             tma::mbar_init(full0 + 8 * s, 1);
             tma::mbar_init(empty0 + 8 * s, 2 * CM);
@@ -563,9 +568,11 @@ __device__ __forceinline__ void grouped_gemm_tma(const tma::TensorMap& a_map, co
             constexpr int FRAGS = BN / 8 / PASSES;             // 8-column fragments per pass
             constexpr int PASS_COLS = EPI == EPI_SWIGLU ? BN / 2 : 128;  // output columns per pass
             constexpr int CHUNKS = PASS_COLS / 8;              // 16-byte chunks per staged row
+            const bool whole = rows_here == 64;  // whole 64-row slabs leave by TMA store (clipped at N)
 #pragma unroll
             for (int p = 0; p < PASSES; ++p) {
-                ws::bar_sync(1 + g, 128);  // the last pass's reads of the staging buffer are done
+                if (tg == 0) tma::store_wait_read();  // the last stores from this buffer have read it
+                ws::bar_sync(1 + g, 128);  // ... and the last pass's reads of the staging buffer are done
 #pragma unroll
                 for (int jj = 0; jj < FRAGS; ++jj) {
                     const int j = p * FRAGS + jj;
@@ -587,8 +594,19 @@ __device__ __forceinline__ void grouped_gemm_tma(const tma::TensorMap& a_map, co
                         }
                     }
                 }
-                ws::bar_sync(1 + g, 128);
                 const int col0 = EPI == EPI_SWIGLU ? n_tile * (BN / 2) : n_tile * BN + p * 128;
+                if (whole) {  // the copy engine writes the two 64-column blocks; the consumers go on at once
+                    tma::fence_proxy_async_shared();  // this thread's staging writes, before the engine reads them
+                    ws::bar_sync(1 + g, 128);
+                    if (tg == 0) {
+#pragma unroll
+                        for (int b = 0; b < PASS_COLS / 64; ++b)
+                            tma::store_2d(out_map, ebuf + b * 8192, col0 + 64 * b, row0);
+                        tma::store_commit();
+                    }
+                    continue;
+                }
+                ws::bar_sync(1 + g, 128);
 #pragma unroll
                 for (int i = 0; i < 64 * CHUNKS / 128; ++i) {
                     const int idx = tg + 128 * i, r = idx / CHUNKS, ch = idx % CHUNKS;
@@ -603,6 +621,7 @@ __device__ __forceinline__ void grouped_gemm_tma(const tma::TensorMap& a_map, co
             }
         }
     }
+    if (wg > 0 && threadIdx.x % 128 == 0) tma::store_wait_all();  // the staging buffers outlive their stores
     if constexpr (CM > 1) tma::cluster_sync();  // no remote arrival may reach an exited CTA
 }
 
@@ -611,9 +630,9 @@ __device__ __forceinline__ void grouped_gemm_tma(const tma::TensorMap& a_map, co
 template <typename T, int STAGES, int EPI, int BN>
 __global__ void __launch_bounds__(384, 1)
 moe_grouped_gemm_tma(const __grid_constant__ tma::TensorMap a_map, const __grid_constant__ tma::TensorMap b_map,
-                     T* __restrict__ out, const int* __restrict__ offsets, const float* __restrict__ row_scale,
+                     const __grid_constant__ tma::TensorMap out_map, T* __restrict__ out, const int* __restrict__ offsets, const float* __restrict__ row_scale,
                      int experts, int N, int K, float* __restrict__ partial, int splits, int rows) {
-    grouped_gemm_tma<T, STAGES, EPI, 1, BN>(a_map, b_map, out, offsets, row_scale, experts, N, K, partial, splits,
+    grouped_gemm_tma<T, STAGES, EPI, 1, BN>(a_map, b_map, out_map, out, offsets, row_scale, experts, N, K, partial, splits,
                                             rows);
 }
 
@@ -626,9 +645,9 @@ moe_grouped_gemm_tma(const __grid_constant__ tma::TensorMap a_map, const __grid_
 template <typename T, int STAGES, int EPI>
 __global__ void __launch_bounds__(384, 1) CLUSTER_OF_2
 moe_grouped_gemm_tma_pair(const __grid_constant__ tma::TensorMap a_map, const __grid_constant__ tma::TensorMap b_map,
-                          T* __restrict__ out, const int* __restrict__ offsets, const float* __restrict__ row_scale,
+                          const __grid_constant__ tma::TensorMap out_map, T* __restrict__ out, const int* __restrict__ offsets, const float* __restrict__ row_scale,
                           int experts, int N, int K, float* __restrict__ partial, int splits, int rows) {
-    grouped_gemm_tma<T, STAGES, EPI, 2, 256>(a_map, b_map, out, offsets, row_scale, experts, N, K, partial, 1,
+    grouped_gemm_tma<T, STAGES, EPI, 2, 256>(a_map, b_map, out_map, out, offsets, row_scale, experts, N, K, partial, 1,
                                              rows);
 }
 
