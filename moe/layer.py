@@ -21,6 +21,8 @@ before they are rounded, and combine then sums the k rows per token with unit we
 """
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import numpy as np
 
 from cukernels import dtypes
@@ -31,6 +33,9 @@ from .dispatch import PermuteCall, combine_launcher, gather_launcher
 from .gemm_configs import GemmProblem
 from .grouped_gemm import GemmCall, validate as validate_gemm
 from .routing import RouteCall
+
+if TYPE_CHECKING:  # the annotation of MoELayer.capture (imported where it runs: capture.py imports this module)
+    from .capture import CapturedMoE
 
 ACTIVATIONS = ("swiglu", "gelu")
 
@@ -233,7 +238,7 @@ class MoELayer:
 
     __call__ = forward
 
-    def capture(self, tokens: int, *, torch: bool | None = None) -> "CapturedMoE":
+    def capture(self, tokens: int, *, torch: bool | None = None) -> CapturedMoE:
         """Capture a forward of ``tokens`` tokens into a CUDA graph: ``captured(x)`` copies x into the graph's
         input, replays it and returns the graph's output (the same array each time: copy it to keep it).
         ``torch``: capture with ``torch.cuda.graph`` on torch tensors (default: when the weights were torch
