@@ -434,9 +434,10 @@ moe_grouped_gemm_wgmma(const T* __restrict__ a, const T* __restrict__ b, TO* __r
 // With splits > 1 the consumers write their fp32 sums instead (no epilogue) and moe_splitk_reduce finishes.
 template <typename T, int STAGES, int EPI, int CM, int BN>
 __device__ __forceinline__ void grouped_gemm_tma(const tma::TensorMap& a_map, const tma::TensorMap& b_map,
-                                                 const tma::TensorMap& out_map, T* __restrict__ out, const int* __restrict__ offsets,
-                                                 const float* __restrict__ row_scale, int experts, int N, int K,
-                                                 float* __restrict__ partial, int splits, int rows) {
+                                                 const tma::TensorMap& out_map, T* __restrict__ out,
+                                                 const int* __restrict__ offsets, const float* __restrict__ row_scale,
+                                                 int experts, int N, int K, float* __restrict__ partial, int splits,
+                                                 int rows) {
     constexpr int BM = 128, BK = 64;
     static_assert(BN == 128 || BN == 256, "128 or 256 columns per tile");
     static_assert(CM == 1 || BN == 256, "clusters share 256-column tiles");
@@ -630,10 +631,11 @@ __device__ __forceinline__ void grouped_gemm_tma(const tma::TensorMap& a_map, co
 template <typename T, int STAGES, int EPI, int BN>
 __global__ void __launch_bounds__(384, 1)
 moe_grouped_gemm_tma(const __grid_constant__ tma::TensorMap a_map, const __grid_constant__ tma::TensorMap b_map,
-                     const __grid_constant__ tma::TensorMap out_map, T* __restrict__ out, const int* __restrict__ offsets, const float* __restrict__ row_scale,
-                     int experts, int N, int K, float* __restrict__ partial, int splits, int rows) {
-    grouped_gemm_tma<T, STAGES, EPI, 1, BN>(a_map, b_map, out_map, out, offsets, row_scale, experts, N, K, partial, splits,
-                                            rows);
+                     const __grid_constant__ tma::TensorMap out_map, T* __restrict__ out,
+                     const int* __restrict__ offsets, const float* __restrict__ row_scale, int experts, int N, int K,
+                     float* __restrict__ partial, int splits, int rows) {
+    grouped_gemm_tma<T, STAGES, EPI, 1, BN>(a_map, b_map, out_map, out, offsets, row_scale, experts, N, K, partial,
+                                            splits, rows);
 }
 
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ < 900
@@ -645,8 +647,9 @@ moe_grouped_gemm_tma(const __grid_constant__ tma::TensorMap a_map, const __grid_
 template <typename T, int STAGES, int EPI>
 __global__ void __launch_bounds__(384, 1) CLUSTER_OF_2
 moe_grouped_gemm_tma_pair(const __grid_constant__ tma::TensorMap a_map, const __grid_constant__ tma::TensorMap b_map,
-                          const __grid_constant__ tma::TensorMap out_map, T* __restrict__ out, const int* __restrict__ offsets, const float* __restrict__ row_scale,
-                          int experts, int N, int K, float* __restrict__ partial, int splits, int rows) {
+                          const __grid_constant__ tma::TensorMap out_map, T* __restrict__ out,
+                          const int* __restrict__ offsets, const float* __restrict__ row_scale, int experts, int N,
+                          int K, float* __restrict__ partial, int splits, int rows) {
     grouped_gemm_tma<T, STAGES, EPI, 2, 256>(a_map, b_map, out_map, out, offsets, row_scale, experts, N, K, partial, 1,
                                              rows);
 }
