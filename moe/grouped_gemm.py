@@ -137,8 +137,12 @@ class GemmCall:
                                       swizzle=128, index=0)
                 b_arg = tma.TensorMap(2, (problem.k, problem.experts * problem.n), row_bytes,  # a cluster's CTAs
                                       (config.block_k, config.block_n // config.cluster_m), swizzle=128, index=1)
-                out_args = (tma.TensorMap(2, (n_out, problem.rows), (n_out * 2,), (64, 64), swizzle=128, index=2),
-                            P(2))  # 64 x 64 boxes of the epilogue's staging blocks; the pointer for partial slabs
+                # out: 64 x 64 boxes of the epilogue's staging blocks (and the pointer, for partial slabs). A split-K
+                # plan writes fp32 sums and never stores through the map: a's map fills the slot (already bound, so
+                # no third encode per call where out moves)
+                out_map = a_arg if config.split_k > 1 else tma.TensorMap(2, (n_out, problem.rows), (n_out * 2,),
+                                                                         (64, 64), swizzle=128, index=2)
+                out_args = (out_map, P(2))
                 if config.cluster_m > 1:  # the clusters that fit at once, not SMs / 2
                     kern.reserve_smem(config.smem_bytes())
                     clusters = tma.max_active_clusters(kern.handle, config.cluster_m, config.threads,

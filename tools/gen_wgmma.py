@@ -12,30 +12,22 @@ def accumulators(n_regs: int) -> tuple[str, str]:
     return regs, outs
 
 
-def ss(ctype: str, ptx: str, n: int, name: str = "mma_ss", trans: str = "0, 0") -> str:
+def ss(ctype: str, ptx: str, n: int, name: str = "mma_ss", trans: str = "0, 0", scaled: bool = False) -> str:
+    """D (+)= A * B from shared-memory descriptors; ``scaled``: the overload whose run-time ``accumulate`` is the
+    scale-d predicate (0: D = A * B)."""
     r = n // 2
     regs, outs = accumulators(r)
-    return f'''template <> __device__ __forceinline__ void {name}<{ctype}, {n}>(float (&d)[{r}], unsigned long long a, unsigned long long b) {{
+    param, scale, ins = (", int accumulate", "p", ', "r"(accumulate)') if scaled else ("", "1", "")
+    body = (f'"wgmma.mma_async.sync.aligned.m64n{n}k16.f32.{ptx}.{ptx} {{{regs}}}, %{r}, %{r + 1}, '
+            f'{scale}, 1, 1, {trans};\\n"')
+    if scaled:
+        body = (f'"{{\\n"\n        ".reg .pred p;\\n"\n        "setp.ne.b32 p, %{r + 2}, 0;\\n"\n        {body}\n'
+                f'        "}}\\n"')
+    return f'''template <> __device__ __forceinline__ void {name}<{ctype}, {n}>(float (&d)[{r}], unsigned long long a, unsigned long long b{param}) {{
     asm volatile(
-        "wgmma.mma_async.sync.aligned.m64n{n}k16.f32.{ptx}.{ptx} {{{regs}}}, %{r}, %{r + 1}, 1, 1, 1, {trans};\\n"
+        {body}
         : {outs}
-        : "l"(a), "l"(b));
-}}
-'''
-
-
-def ss_scaled(ctype: str, ptx: str, n: int) -> str:
-    r = n // 2
-    regs, outs = accumulators(r)
-    return f'''template <> __device__ __forceinline__ void mma_ss<{ctype}, {n}>(float (&d)[{r}], unsigned long long a, unsigned long long b, int accumulate) {{
-    asm volatile(
-        "{{\\n"
-        ".reg .pred p;\\n"
-        "setp.ne.b32 p, %{r + 2}, 0;\\n"
-        "wgmma.mma_async.sync.aligned.m64n{n}k16.f32.{ptx}.{ptx} {{{regs}}}, %{r}, %{r + 1}, p, 1, 1, 0, 0;\\n"
-        "}}\\n"
-        : {outs}
-        : "l"(a), "l"(b), "r"(accumulate));
+        : "l"(a), "l"(b){ins});
 }}
 '''
 
@@ -82,7 +74,7 @@ __device__ __forceinline__ void mma_rs_bt(float (&d)[N / 2], const unsigned (&a)
     for ctype, ptx in TYPES:
         for n in SIZES:
             parts.append(ss(ctype, ptx, n))
-            parts.append(ss_scaled(ctype, ptx, n))
+            parts.append(ss(ctype, ptx, n, scaled=True))
             parts.append(ss(ctype, ptx, n, "mma_ss_tt", "1, 1"))
             parts.append(rs(ctype, ptx, n))
     parts.append("}  // namespace wgmma\n")
