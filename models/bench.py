@@ -85,6 +85,9 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--model", action="append", metavar="NAME",
                    help=f"only this model's rows (repeatable): {', '.join(configs.BENCH_MODELS)} "
                         "(default: the seed 004 models small, medium, large)")
+    p.add_argument("--case", action="append", metavar="NAME",
+                   help="only this row (repeatable), by its name in --list (e.g. large_b1_s128); with --model, "
+                        "that model's rows only")
     p.add_argument("--quick", action="store_true", help="one small row (small_b1_s128)")
     p.add_argument("--out", metavar="PATH",
                    help="write the results as JSON to PATH (e.g. docs/results/h100/models.json); without it, none")
@@ -98,15 +101,25 @@ def parser() -> argparse.ArgumentParser:
 
 
 def selected_cases(args) -> list[configs.ModelCase]:
-    if args.quick and args.model:
-        raise cli.UsageError("--quick runs one small row; leave out --model, or --quick")
+    if args.quick and (args.model or args.case):
+        raise cli.UsageError("--quick runs one small row; leave out --model and --case, or --quick")
     if args.quick:
         return list(configs.QUICK)
-    names = args.model or [m for m in configs.BENCH_MODELS if configs.MODELS[m].seed_row]
+    if args.case and not args.model:
+        names = list(configs.BENCH_MODELS)
+    else:
+        names = args.model or [m for m in configs.BENCH_MODELS if configs.MODELS[m].seed_row]
     unknown = [n for n in names if n not in configs.BENCH_MODELS]
     if unknown:
         raise cli.UsageError(f"--model {', '.join(unknown)}: unknown; known: {', '.join(configs.BENCH_MODELS)}")
-    return configs.cases_of(names)
+    cases = configs.cases_of(names)
+    if args.case:
+        known = {c.name for c in cases}
+        unknown = [n for n in args.case if n not in known]
+        if unknown:
+            raise cli.UsageError(f"--case {', '.join(unknown)}: unknown; known: {', '.join(sorted(known))}")
+        cases = [c for c in cases if c.name in args.case]
+    return cases
 
 
 def list_models() -> int:

@@ -21,6 +21,7 @@ from cukernels.device import DeviceSpec
 EPILOGUES = {None: 0, "swiglu": 1, "gelu": 2}
 TMA_MAX_STAGES = {256: 4, 128: 6}  # stages of (128 + block_n) x 64 that fit beside the staging buffers
 TMA_MAX_SPLIT = 8
+TMA_MAX_CLUSTER_K = 4
 KINDS = ("mma", "wgmma", "tma", "skinny")
 MIN_CC = (8, 0)
 OP = "moe.grouped_gemm"
@@ -60,6 +61,9 @@ class GemmConfig:
     kind: str = "mma"
     # tma only: CTAs per cluster along M (2: the pair shares B through TMA multicast)
     cluster_m: int = 1
+    # tma only, 128 x 128 tiles: CTAs per cluster splitting each tile's K range (2-4), their fp32 sums added
+    # through distributed shared memory (no partial sums in global memory, no reduce launch)
+    cluster_k: int = 1
     # skinny: warps of a CTA splitting K (their partial sums meet in shared memory, in a fixed order); tma: work
     # items per tile along K (fp32 partial sums in a workspace, added in split order by moe_splitk_reduce)
     split_k: int = 1
@@ -82,6 +86,8 @@ class GemmConfig:
             raise ValueError(f"a wgmma tile is (64 or 128) x 256 x 64 with block_m / 16 x 1 warps, got {self}")
         if self.cluster_m != 1 and self.kind != "tma":
             raise ValueError(f"cluster_m is for tma tiles, got {self.cluster_m} on a {self.kind} tile")
+        if self.cluster_k != 1 and self.kind != "tma":
+            raise ValueError(f"cluster_k is for tma tiles, got {self.cluster_k} on a {self.kind} tile")
         if self.kind == "tma":
             if self.cluster_m not in (1, 2):
                 raise ValueError(f"cluster_m must be 1 or 2, got {self.cluster_m}")
@@ -94,6 +100,12 @@ class GemmConfig:
                 raise ValueError(f"clusters of two run 128 x 256 tiles without split K, got {self}")
             if not 1 <= self.split_k <= TMA_MAX_SPLIT:
                 raise ValueError(f"a tma tile's split_k must be 1..{TMA_MAX_SPLIT}, got {self.split_k}")
+            if self.cluster_k != 1:
+                if not 2 <= self.cluster_k <= TMA_MAX_CLUSTER_K:
+                    raise ValueError(f"cluster_k must be 1..{TMA_MAX_CLUSTER_K}, got {self.cluster_k}")
+                if self.block_n != 128 or self.split_k != 1 or self.cluster_m != 1 or self.stages > 5:
+                    raise ValueError(f"clusters along K run 128 x 128 tiles of at most 5 stages (their sums take "
+                                     f"the sixth's shared memory), without split_k or cluster_m, got {self}")
             return
         if self.block_k not in (32, 64):
             raise ValueError(f"block_k must be 32 or 64, got {self.block_k}")
@@ -122,6 +134,11 @@ class GemmConfig:
         return self.warps_m * self.warps_n * 32 + (128 if self.kind == "tma" else 0)
 
     @property
+    def cluster_size(self) -> int:
+        """CTAs per cluster (1: no cluster)."""
+        return self.cluster_m * self.cluster_k
+
+    @property
     def persistent(self) -> bool:
         """A tma CTA loops over tiles (grid = at most one CTA per SM); the others compute one tile each."""
         return self.kind == "tma"
@@ -140,7 +157,9 @@ class GemmConfig:
         if self.kind == "skinny":  # + the list of non-empty groups (MAX_EXPERTS ints) and its count, 16-aligned
             return self.split_k * self.block_m * (self.block_n + 4) * 4 + 4 * (512 + 4)
         pipeline = self.stages * (self.block_m + self.block_n) * self.block_k * 2
-        if self.kind == "tma":
+        if self.kind == "tma":  # staging (or with cluster_k the fp32 sums) per consumer warpgroup, barriers
+            if self.cluster_k > 1:
+                return pipeline + 2 * 64 * 128 * 4 + 16 * self.stages + 32 + 1024
             return pipeline + 2 * 64 * 128 * 2 + 16 * self.stages + 1024
         return pipeline + 16 + (1024 if self.kind == "wgmma" else 0)
 
@@ -153,6 +172,9 @@ class GemmConfig:
                 raise ValueError(f"a tma tile writes its input dtype, got out_dtype {out_dtype}")
             if self.cluster_m == 2:
                 return f"moe_grouped_gemm_tma_pair<{dtypes.ctype(dtype)}, {self.stages}, {EPILOGUES[epilogue]}>"
+            if self.cluster_k > 1:
+                return (f"moe_grouped_gemm_tma_ksplit<{dtypes.ctype(dtype)}, {self.stages}, {EPILOGUES[epilogue]}, "
+                        f"{self.cluster_k}>")
             return f"moe_grouped_gemm_tma<{dtypes.ctype(dtype)}, {self.stages}, {EPILOGUES[epilogue]}, {self.block_n}>"
         if self.kind == "skinny":
             return (f"moe_grouped_gemm_skinny<{dtypes.ctype(dtype)}, {out_c}, {self.block_m}, "
@@ -177,8 +199,9 @@ class GemmConfig:
         if self.persistent:
             if sm_count is None:
                 raise ValueError(f"{self}: a persistent tile's grid needs the SM count")
-            most = int(sm_count) // self.cluster_m if clusters is None else int(clusters)
-            return min(items, most) * self.cluster_m
+            size = self.cluster_size
+            most = int(sm_count) // size if clusters is None else int(clusters)
+            return min(items, most) * size
         return items
 
     def __str__(self) -> str:
@@ -188,6 +211,7 @@ class GemmConfig:
         if self.kind in ("wgmma", "tma"):
             pair = ", clusters of 2 (B multicast)" if self.cluster_m == 2 else ""
             split = f", split K {self.split_k}" if self.split_k > 1 else ""
+            split += f", clusters of {self.cluster_k} along K" if self.cluster_k > 1 else ""
             return (f"GemmConfig({self.kind} {self.block_m}x{self.block_n}x{self.block_k}, {self.stages} stages"
                     f"{pair}{split})")
         return (f"GemmConfig({self.block_m}x{self.block_n}x{self.block_k}, {self.warps_m}x{self.warps_n} warps, "
@@ -225,6 +249,9 @@ TMA_128 = (
     GemmConfig(kind="tma", block_m=128, block_n=128, block_k=64, warps_m=8, warps_n=1, stages=6),
     GemmConfig(kind="tma", block_m=128, block_n=128, block_k=64, warps_m=8, warps_n=1, stages=4),
 )
+# the 128 x 128 tile split along K across a cluster (cluster_k set by the planner): the fp32 sums take the
+# shared memory of the sixth stage
+TMA_128_KSPLIT = GemmConfig(kind="tma", block_m=128, block_n=128, block_k=64, warps_m=8, warps_n=1, stages=5)
 # Clusters of two CTAs sharing B by TMA multicast: measured slower than TMA[0] on every gemm-suite row (H200,
 # 2026-11-23: 0.72-0.98x; docs/perf/grouped_gemm.md), so the planner never takes it; --tune may time it
 TMA_PAIR = (
@@ -344,10 +371,20 @@ def plan_skinny(problem: GemmProblem, spec: DeviceSpec) -> tiling.Plan | None:
 # 128 x 128 stage ~0.47 (10 % less efficient per FLOP: A is re-read per 128 columns); a persistent CTA works
 # through its items one after another, so the time is the waves of items times an item's stages; the bytes of
 # a and of every touched expert's weights cross DRAM at least once (at ~85 % of the datasheet bandwidth); a
-# split adds its fp32 partial sums' write and read-back and the reduce kernel's launch on top.
+# split adds its fp32 partial sums' write and read-back and the reduce kernel's launch on top. A split the model
+# picks on 128-column tiles then runs across a cluster (cluster_k, at most 4) where all its tiles' clusters fit
+# at once: measured 1-5 % faster than the same split through global memory (docs/perf/grouped_gemm.md v7).
 TMA_STAGE_US = {256: 0.84, 128: 0.47}
 TMA_MIN_K_TILES = 4  # k tiles per split at the least
 SPLIT_LAUNCH_US = 3.0
+# the share of the SMs that clusters of 2, 3, 4 CTAs fill (a cluster's CTAs share a GPC): H100 SXM,
+# cuOccupancyMaxActiveClusters of the cluster_k kernel = 66, 39, 30 clusters on 132 SMs (2026-11-25)
+CLUSTER_FILL = {2: 1.0, 3: 0.886, 4: 0.909}
+
+
+def cluster_capacity(spec: DeviceSpec, cluster: int) -> int:
+    """Clusters of ``cluster`` CTAs (one per SM) that run at once on ``spec``, estimated from ``CLUSTER_FILL``."""
+    return int(spec.sm_count * CLUSTER_FILL[cluster]) // cluster
 
 
 def tma_estimate_us(problem: GemmProblem, cfg: GemmConfig, spec: DeviceSpec) -> float:
@@ -356,8 +393,12 @@ def tma_estimate_us(problem: GemmProblem, cfg: GemmConfig, spec: DeviceSpec) -> 
     m_items = -(-problem.rows // 128) if groups == 1 else problem.rows // 128 + groups // 2 + 1
     items = m_items * -(-problem.n // cfg.block_n) * cfg.split_k
     k_tiles = -(-problem.k // 64)
-    waves = -(-items // spec.sm_count)
-    compute = waves * -(-k_tiles // cfg.split_k) * TMA_STAGE_US[cfg.block_n]
+    if cfg.cluster_k > 1:  # clusters of tiles
+        waves = -(-items // cluster_capacity(spec, cfg.cluster_k))
+        compute = waves * -(-k_tiles // cfg.cluster_k) * TMA_STAGE_US[cfg.block_n]
+    else:
+        waves = -(-items // spec.sm_count)
+        compute = waves * -(-k_tiles // cfg.split_k) * TMA_STAGE_US[cfg.block_n]
     bw = 0.85 * (spec.peaks.mem_bandwidth_gbs if spec.peaks else 2000.0) * 1e3  # bytes per us
     weight_rows = min(problem.experts, max(problem.rows, 1)) * problem.n
     moved = 2.0 * (problem.rows + weight_rows) * problem.k
@@ -369,7 +410,8 @@ def tma_estimate_us(problem: GemmProblem, cfg: GemmConfig, spec: DeviceSpec) -> 
 
 def tma_ranked(problem: GemmProblem, spec: DeviceSpec) -> list[tuple[GemmConfig, float]]:
     """The tma tiles (128 x 256 and 128 x 128, each deepest ring, split K 1..8 while each split keeps at least
-    ``TMA_MIN_K_TILES`` k tiles) with their estimated time, fastest first (ties: the wider tile, fewer splits)."""
+    ``TMA_MIN_K_TILES`` k tiles) with their estimated time, fastest first (ties: the wider tile, fewer splits).
+    Where the fastest is a split 128 x 128 tile, its split across a cluster (``as_cluster_split``) comes first."""
     k_tiles = -(-problem.k // 64)
     out = []
     for order, base in enumerate((TMA[0], TMA_128[0])):
@@ -381,7 +423,25 @@ def tma_ranked(problem: GemmProblem, spec: DeviceSpec) -> list[tuple[GemmConfig,
             cfg = dataclasses.replace(base, split_k=split)
             out.append((tma_estimate_us(problem, cfg, spec), order, split, cfg))
     out.sort(key=lambda t: t[:3])
-    return [(cfg, est) for est, _, _, cfg in out]
+    ranked = [(cfg, est) for est, _, _, cfg in out]
+    clustered = as_cluster_split(problem, ranked[0][0], spec)
+    if clustered is not None:
+        ranked.insert(0, (clustered, tma_estimate_us(problem, clustered, spec)))
+    return ranked
+
+
+def as_cluster_split(problem: GemmProblem, cfg: GemmConfig, spec: DeviceSpec) -> GemmConfig | None:
+    """The 128 x 128 split ``cfg`` as a split across clusters of min(split, 4) CTAs (their sums added in
+    distributed shared memory, no reduce launch) when every tile's cluster runs at once (``cluster_capacity``);
+    None when ``cfg`` is not such a split or the clusters would take a second wave."""
+    if cfg.kind != "tma" or cfg.block_n != 128 or cfg.split_k < 2 or cfg.cluster_m != 1:
+        return None
+    ck = min(cfg.split_k, TMA_MAX_CLUSTER_K)
+    groups = max(1, min(problem.experts, problem.rows))
+    m_items = -(-problem.rows // 128) if groups == 1 else problem.rows // 128 + groups // 2 + 1
+    if m_items * -(-problem.n // 128) > cluster_capacity(spec, ck):
+        return None
+    return dataclasses.replace(TMA_128_KSPLIT, cluster_k=ck)
 
 
 def _tma_unusable(problem: GemmProblem) -> str | None:
@@ -406,7 +466,8 @@ def variants(spec: DeviceSpec) -> list[GemmConfig]:
             cfg = tiling.choose(fitting, spec, reason="").config
             if cfg not in out:
                 out.append(cfg)
-    return out + [c for c in SKINNY if tiling.fits(c, spec) is None]
+    ksplits = [dataclasses.replace(TMA_128_KSPLIT, cluster_k=c) for c in range(2, TMA_MAX_CLUSTER_K + 1)]
+    return out + [c for c in (*ksplits, *SKINNY) if tiling.fits(c, spec) is None]
 
 
 # ---------------------------------------------------------------- tuning (cukernels/tune.py)

@@ -19,8 +19,10 @@ Contract:
 - ``out_dtype``: ``None`` (a's dtype) or ``numpy.float32`` (plain GEMM only: fp32 results, e.g. router logits).
 
 On sm_90a a tma tile may split each output tile's K range over several work items (weight-bound problems with
-few tiles, ``gemm_configs.tma_ranked``): their fp32 sums go to scratch the call keeps, and a second kernel adds
-them in a fixed order (deterministic) with the epilogue and row scale.
+few tiles, ``gemm_configs.tma_ranked``): on 128 x 128 tiles whose clusters fit at once, the CTAs of a cluster
+split the tile and add their sums through distributed shared memory in rank order (``cluster_k``); otherwise
+their fp32 sums go to scratch the call keeps, and a second kernel adds them in a fixed order. Both are
+deterministic and apply the epilogue and row scale after the sum.
 
 Nothing is synchronised with the host: the kernel finds each CTA's (expert, m-tile, n-tile) from ``offsets``
 itself (grouped_gemm.cu's header), so the call can be captured in a CUDA graph.
@@ -115,9 +117,11 @@ class GemmCall:
                 config = launch.plan(gemm_configs.plan, problem).config
             else:
                 tiling.check_fits(config, launch.spec())
-            if config.kind == "tma" and config.split_k > -(-problem.k // config.block_k):
-                raise ValueError(f"{config}: split_k {config.split_k} exceeds K's {-(-problem.k // config.block_k)} "
-                                 f"k tiles of {config.block_k} (K = {problem.k}); every split needs one")
+            k_tiles = -(-problem.k // config.block_k)
+            for what in ("split_k", "cluster_k"):
+                if config.kind == "tma" and getattr(config, what) > k_tiles:
+                    raise ValueError(f"{config}: {what} {getattr(config, what)} exceeds K's {k_tiles} k tiles of "
+                                     f"{config.block_k} (K = {problem.k}); every split needs one")
             self.config, self.gather = config, int(gather) if config.kind == "skinny" else 0
             n_out = problem.n // 2 if problem.epilogue == "swiglu" else problem.n
             self.out_shape, self.out_dtype = (problem.rows, n_out), dtypes.dtype_name(out_dtype)
@@ -138,14 +142,15 @@ class GemmCall:
                 b_arg = tma.TensorMap(2, (problem.k, problem.experts * problem.n), row_bytes,  # a cluster's CTAs
                                       (config.block_k, config.block_n // config.cluster_m), swizzle=128, index=1)
                 # out: 64 x 64 boxes of the epilogue's staging blocks (and the pointer, for partial slabs). A split-K
-                # plan writes fp32 sums and never stores through the map: a's map fills the slot (already bound, so
-                # no third encode per call where out moves)
-                out_map = a_arg if config.split_k > 1 else tma.TensorMap(2, (n_out, problem.rows), (n_out * 2,),
-                                                                         (64, 64), swizzle=128, index=2)
+                # plan (fp32 sums, or sums added across a cluster and stored by the threads) never stores through
+                # the map: a's map fills the slot (already bound, so no third encode per call where out moves)
+                no_store = config.split_k > 1 or config.cluster_k > 1
+                out_map = a_arg if no_store else tma.TensorMap(2, (n_out, problem.rows), (n_out * 2,), (64, 64),
+                                                               swizzle=128, index=2)
                 out_args = (out_map, P(2))
-                if config.cluster_m > 1:  # the clusters that fit at once, not SMs / 2
+                if config.cluster_size > 1:  # the clusters that fit at once, not SMs / cluster size
                     kern.reserve_smem(config.smem_bytes())
-                    clusters = tma.max_active_clusters(kern.handle, config.cluster_m, config.threads,
+                    clusters = tma.max_active_clusters(kern.handle, config.cluster_size, config.threads,
                                                        config.smem_bytes())
             args = (a_arg, b_arg, *out_args, P(3), P(4), np.int32(problem.experts), np.int32(problem.n),
                     np.int32(problem.k))

@@ -159,6 +159,24 @@ def test_tma_config():
     assert pair.grid(p, 132) == 2 * 22 and pair.grid(p, 132, clusters=10) == 20
 
 
+def test_cluster_k_config():
+    """A split across a cluster: 128 x 128 tiles of at most 5 stages (its fp32 sums take 64 KiB), 2-4 CTAs, never
+    with split_k or cluster_m; one work item per tile (the cluster's CTAs share it), clusters of CK CTAs."""
+    ck = dataclasses.replace(gemm_configs.TMA_128_KSPLIT, cluster_k=3)
+    assert ck.smem_bytes() == 5 * 32 * 1024 + 64 * 1024 + 80 + 32 + 1024 <= 232448
+    assert ck.name_expression(dtype=BF16, epilogue="swiglu") == "moe_grouped_gemm_tma_ksplit<__nv_bfloat16, 5, 1, 3>"
+    assert ck.cluster_size == 3 and "clusters of 3 along K" in str(ck)
+    p = gemm_configs.GemmProblem(rows=128, n=4096, k=4096, experts=1, dtype="bf16")
+    assert ck.grid(p, 132) == 3 * 44 and ck.grid(p, 132, clusters=39) == 3 * 39
+    for bad, match in ((dict(cluster_k=5), "cluster_k must be"), (dict(cluster_k=2, stages=6), "at most 5 stages"),
+                       (dict(cluster_k=2, split_k=2), "without split_k"), (dict(cluster_k=2, block_n=256, stages=4),
+                                                                           "128 x 128 tiles")):
+        with pytest.raises(ValueError, match=match):
+            dataclasses.replace(gemm_configs.TMA_128_KSPLIT, **bad)
+    with pytest.raises(ValueError, match="cluster_k is for tma tiles"):
+        dataclasses.replace(gemm_configs.LARGE[0], cluster_k=2)
+
+
 def test_planner_tma_choice(monkeypatch):
     from cukernels import device, tma
 
@@ -184,13 +202,20 @@ def test_planner_sizes_tma_tiles_to_the_machine(monkeypatch):
     monkeypatch.setattr(tma, "available", lambda: None)
     h100 = device.profile("h100_sxm")
     down = gemm_configs.GemmProblem(rows=128, n=4096, k=11008, experts=1, dtype="bf16")
-    cfg = gemm_configs.plan(down, h100).config
-    assert cfg.kind == "tma" and cfg.block_n == 128 and cfg.split_k > 1
-    assert h100.sm_count // 2 < 32 * cfg.split_k <= h100.sm_count  # 32 column tiles x the splits: one wave
+    cfg = gemm_configs.plan(down, h100).config  # the split runs across clusters of 3: 32 of them fit at once
+    assert cfg.kind == "tma" and cfg.block_n == 128 and cfg.split_k == 1 and cfg.cluster_k == 3
+    assert 32 <= gemm_configs.cluster_capacity(h100, 3) < 44  # GPCs: fewer than SMs / 3
+    ranked = gemm_configs.tma_ranked(down, h100)
+    assert ranked[1][0].split_k == 3 and ranked[1][0].cluster_k == 1  # what the cost model chose, as a split
+    # clusters of 4 would need 32 of them at once: 30 fit, so a split of 4 stays a split through global memory
+    wide = dataclasses.replace(gemm_configs.TMA_128[0], split_k=4)
+    assert gemm_configs.as_cluster_split(down, wide, h100) is None
+    assert gemm_configs.as_cluster_split(dataclasses.replace(down, n=2048), wide, h100).cluster_k == 4
+    assert gemm_configs.as_cluster_split(down, gemm_configs.TMA_128[0], h100) is None  # no split: unchanged
     big = gemm_configs.GemmProblem(rows=16384, n=12288, k=4096, experts=1, dtype="bf16")
     cfg = gemm_configs.plan(big, h100).config
     assert (cfg.kind, cfg.block_n, cfg.split_k) == ("tma", 256, 1)
-    ranked = gemm_configs.tma_ranked(down, h100)
+    ranked = gemm_configs.tma_ranked(down, h100)[1:]
     assert [e for _, e in ranked] == sorted(e for _, e in ranked)
     assert all(-(-11008 // 64) // c.split_k >= gemm_configs.TMA_MIN_K_TILES for c, _ in ranked)
 

@@ -100,6 +100,7 @@ def _tma_configs():
     if tma.available():
         pytest.skip(tma.available())
     return [c for c in gemm_configs.TMA + gemm_configs.TMA_128 + gemm_configs.TMA_PAIR
+            + (dataclasses.replace(gemm_configs.TMA_128_KSPLIT, cluster_k=3),)
             if c.smem_bytes() <= spec.smem_per_block_optin]
 
 
@@ -150,9 +151,12 @@ def test_tma_split_k(dtype, epilogue):
         b = dtypes.random((len(counts), n, k), dtype, seed=52, scale=1.0 / np.sqrt(k))
         scale = cupy.asarray(np.random.default_rng(9).random(rows, dtype=np.float32) + 0.5)
         ref = reference(a, b, off, epilogue=epilogue, row_scale=scale)
-        for base, split in ((gemm_configs.TMA_128[0], 2), (gemm_configs.TMA_128[1], 3), (gemm_configs.TMA[0], 4),
-                            (gemm_configs.TMA_128[0], 8)):
-            cfg = dataclasses.replace(base, split_k=split)
+        ksplit = gemm_configs.TMA_128_KSPLIT
+        for cfg in (*(dataclasses.replace(base, split_k=split) for base, split in (
+                (gemm_configs.TMA_128[0], 2), (gemm_configs.TMA_128[1], 3), (gemm_configs.TMA[0], 4),
+                (gemm_configs.TMA_128[0], 8))),
+                *(dataclasses.replace(ksplit, cluster_k=c) for c in (2, 3, 4)),
+                dataclasses.replace(ksplit, cluster_k=3, stages=3)):
             checks.poison_pool(64 << 20)
             out = grouped_gemm(a, b, off, epilogue=epilogue, row_scale=scale, config=cfg)
             last = sum(counts)
@@ -161,11 +165,14 @@ def test_tma_split_k(dtype, epilogue):
     with pytest.raises(ValueError, match="exceeds K's 2 k tiles"):  # an empty split: refused before any launch
         grouped_gemm(a[:, :128].copy(), b[:, :, :128].copy(), off,
                      config=dataclasses.replace(gemm_configs.TMA[0], split_k=3))
+    with pytest.raises(ValueError, match="cluster_k 3 exceeds K's 2 k tiles"):
+        grouped_gemm(a[:, :128].copy(), b[:, :, :128].copy(), off,
+                     config=dataclasses.replace(gemm_configs.TMA_128_KSPLIT, cluster_k=3))
     p = gemm_configs.GemmProblem(rows=128, n=4096, k=11008, experts=1, dtype=dtypes.dtype_name(dtype),
                                  epilogue=epilogue)
     plan = gemm_configs.plan(p, device.current())
     if device.current().sm_count >= 100:
-        assert plan.config.kind == "tma" and plan.config.split_k > 1, plan
+        assert plan.config.kind == "tma" and plan.config.split_k * plan.config.cluster_k > 1, plan
     a = dtypes.random((128, 11008), dtype, seed=53)
     b = dtypes.random((1, 4096, 11008), dtype, seed=54, scale=1.0 / np.sqrt(11008))
     off = cupy.asarray(np.array([0, 128], dtype=np.int32))

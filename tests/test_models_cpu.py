@@ -158,6 +158,11 @@ def test_selected_cases():
     args = bench.parser().parse_args(["--model", "medium-moe"])
     assert [c.name for c in bench.selected_cases(args)] == ["medium-moe_b1_s128", "medium-moe_b4_s512",
                                                             "medium-moe_b8_s1024"]
+    args = bench.parser().parse_args(["--case", "large_b1_s128", "--case", "small_b4_s512"])
+    assert [c.name for c in bench.selected_cases(args)] == ["small_b4_s512", "large_b1_s128"]
+    args = bench.parser().parse_args(["--model", "small", "--case", "large_b1_s128"])
+    with pytest.raises(cli.UsageError, match="--case large_b1_s128: unknown; known: small_b16_s2048"):
+        bench.selected_cases(args)
 
 
 @pytest.mark.skipif(device.gpu_available(), reason="checks the no-GPU message")

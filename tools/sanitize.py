@@ -131,9 +131,19 @@ def gemm_cases():
         a = dtypes.random((sum(counts), 72), dtypes.BF16, seed=3)
         b = dtypes.random((len(counts), 272, 72), dtypes.BF16, seed=4)
         splits = [dataclasses.replace(c, split_k=2) for c in (gemm_configs.TMA_128[0], gemm_configs.TMA[0])]
+        splits.append(dataclasses.replace(gemm_configs.TMA_128_KSPLIT, cluster_k=2))
         for cfg in gemm_configs.TMA + gemm_configs.TMA_128 + gemm_configs.TMA_PAIR + tuple(splits):
             for epi in cfg.epilogues():
                 grouped_gemm(a, b, off, epilogue=epi, config=cfg, row_scale=cupy.ones(sum(counts), cupy.float32))
+        # clusters along K of 3 and 4 CTAs (K = 264: 5 k tiles, a tail), a partial m tile and an empty group
+        counts = [300, 0, 70]
+        off = cupy.asarray(np.concatenate([[0], np.cumsum(counts)]).astype(np.int32))
+        a = dtypes.random((sum(counts), 264), dtypes.BF16, seed=5)
+        b = dtypes.random((len(counts), 528, 264), dtypes.BF16, seed=6)
+        for ck in (3, 4):
+            for epi in (None, "swiglu"):
+                grouped_gemm(a, b, off, epilogue=epi, config=dataclasses.replace(gemm_configs.TMA_128_KSPLIT,
+                                                                                  cluster_k=ck))
 
 
 def skinny_cases():

@@ -132,6 +132,38 @@ __device__ __forceinline__ void mbar_arrive_cluster(unsigned bar, unsigned rank)
         : "memory");
 }
 
+// Spins until the phase with parity `phase` has completed, acquiring at cluster scope: what the CTAs that arrived
+// from the cluster (release.cluster, mbar_arrive_cluster) wrote before arriving is visible afterwards.
+__device__ __forceinline__ void mbar_wait_cluster(unsigned bar, unsigned phase) {
+    asm volatile(
+        "{\n"
+        ".reg .pred done;\n"
+        "wait_%=:\n"
+        "mbarrier.try_wait.parity.acquire.cluster.shared::cta.b64 done, [%0], %1;\n"
+        "@!done bra wait_%=;\n"
+        "}\n" ::"r"(bar),
+        "r"(phase)
+        : "memory");
+}
+
+// Orders this thread's earlier memory accesses before its later ones as seen from the whole cluster.
+__device__ __forceinline__ void fence_cluster() { asm volatile("fence.acq_rel.cluster;" ::: "memory"); }
+
+// 16 bytes at the offset `addr` of the shared memory of cluster CTA `rank` (distributed shared memory).
+__device__ __forceinline__ float4 ld_cluster_f4(unsigned addr, unsigned rank) {
+    float4 v;
+    asm volatile(
+        "{\n"
+        ".reg .b32 remote;\n"
+        "mapa.shared::cluster.u32 remote, %4, %5;\n"
+        "ld.shared::cluster.v4.f32 {%0, %1, %2, %3}, [remote];\n"
+        "}\n"
+        : "=f"(v.x), "=f"(v.y), "=f"(v.z), "=f"(v.w)
+        : "r"(addr), "r"(rank)
+        : "memory");
+    return v;
+}
+
 // Shared memory at src -> the box at (x, y) of the map (elements outside the tensor are not written).
 __device__ __forceinline__ void store_2d(const TensorMap& map, unsigned src, int x, int y) {
     asm volatile("cp.async.bulk.tensor.2d.global.shared::cta.bulk_group [%0, {%2, %3}], [%1];"

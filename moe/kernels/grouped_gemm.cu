@@ -432,7 +432,15 @@ moe_grouped_gemm_wgmma(const T* __restrict__ a, const T* __restrict__ b, TO* __r
 // (a box would overwrite the next group's rows). Plain: BN / 128 passes of 128 columns; SwiGLU: one pass (BN
 // columns of b -> BN / 2 outputs). row_scale multiplies each row.
 // With splits > 1 the consumers write their fp32 sums instead (no epilogue) and moe_splitk_reduce finishes.
-template <typename T, int STAGES, int EPI, int CM, int BN>
+// Clusters along K (CK = 2-4, 128-column tiles): the CK CTAs of a cluster take the same tile, CTA r the k range
+// [r K_t / CK, (r + 1) K_t / CK), and add their sums through distributed shared memory, so a split costs neither
+// a second launch nor a trip of fp32 sums through global memory. Each consumer warpgroup writes its 64 x 128
+// fp32 sums into its own 32 KiB buffer (16-byte chunks XOR-swizzled by row: conflict-free fragment writes and
+// row reads) and arrives on the `ready` barrier of its counterpart warpgroup in every CTA of the cluster; then
+// warpgroup g of CTA r adds rows [r 64 / CK, (r + 1) 64 / CK) of the CK buffers g in rank order (deterministic),
+// applies the epilogue and row scale and stores them, and arrives on every counterpart's `freed` barrier, which
+// a warpgroup waits on before it writes its buffer for the next tile (the barriers' phases count the tiles).
+template <typename T, int STAGES, int EPI, int CM, int BN, int CK = 1>
 __device__ __forceinline__ void grouped_gemm_tma(const tma::TensorMap& a_map, const tma::TensorMap& b_map,
                                                  const tma::TensorMap& out_map, T* __restrict__ out,
                                                  const int* __restrict__ offsets, const float* __restrict__ row_scale,
@@ -442,15 +450,19 @@ __device__ __forceinline__ void grouped_gemm_tma(const tma::TensorMap& a_map, co
     static_assert(BN == 128 || BN == 256, "128 or 256 columns per tile");
     static_assert(CM == 1 || BN == 256, "clusters share 256-column tiles");
     constexpr int A_BYTES = BM * BK * 2, B_BYTES = BN * BK * 2, STAGE_BYTES = A_BYTES + B_BYTES;
-    constexpr int EPI_BYTES = 64 * 128 * 2;  // per consumer warpgroup
+    // per consumer warpgroup: the staging of 64 x 128 outputs, or with CK > 1 its 64 x 128 fp32 sums
+    constexpr int EPI_BYTES = CK > 1 ? 64 * 128 * 4 : 64 * 128 * 2;
     static_assert(EPI == EPI_NONE || EPI == EPI_SWIGLU, "plain or SwiGLU epilogue");
     static_assert(CM == 1 || CM == 2, "clusters of 1 or 2 CTAs along M");
+    static_assert(CK == 1 || (CM == 1 && BN == 128 && CK <= 4), "clusters along K: 2-4 CTAs, 128-column tiles");
+    constexpr int CS = CM * CK;  // CTAs per cluster
 
     extern __shared__ __align__(1024) unsigned char smem_raw[];
     const unsigned raw0 = tma::smem_u32(smem_raw);
     const unsigned smem0 = (raw0 + 1023) & ~1023u;  // stages and staging buffers on the 1024-byte swizzle atom
     const unsigned epi0 = smem0 + STAGES * STAGE_BYTES;
     const unsigned full0 = epi0 + 2 * EPI_BYTES, empty0 = full0 + 8 * STAGES;
+    const unsigned ready0 = empty0 + 8 * STAGES, freed0 = ready0 + 16;  // CK > 1: per consumer warpgroup
 
     const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31, wg = warp >> 2;
     if (tid == 0) {
@@ -461,11 +473,21 @@ __device__ __forceinline__ void grouped_gemm_tma(const tma::TensorMap& a_map, co
             tma::mbar_init(full0 + 8 * s, 1);
             tma::mbar_init(empty0 + 8 * s, 2 * CM);
         }
+        if constexpr (CK > 1)
+            for (int g = 0; g < 2; ++g) {
+                tma::mbar_init(ready0 + 8 * g, CK);
+                tma::mbar_init(freed0 + 8 * g, CK);
+            }
         tma::fence_mbar_init();
     }
-    if constexpr (CM > 1) tma::cluster_sync();  // the peer's barriers are initialised before any remote use
+    if constexpr (CS > 1) tma::cluster_sync();  // the peers' barriers are initialised before any remote use
     else __syncthreads();
-    const int rank = CM > 1 ? (int)tma::cluster_rank() : 0;
+    const int rank = CS > 1 ? (int)tma::cluster_rank() : 0;
+    const int mrank = CM > 1 ? rank : 0;  // the CTA's m-tile in its pair
+    // the work items: tiles, or with splits > 1 (no cluster along K) tile u / splits, split u % splits
+    const int ksplits = CK > 1 ? CK : splits;
+    auto item_tile = [&](int unit) { return CK > 1 ? unit : unit / splits; };
+    auto item_split = [&](int unit) { return CK > 1 ? rank : unit % splits; };
 
     const int n_tiles = (N + BN - 1) / BN;
     const int k_tiles = (K + BK - 1) / BK;
@@ -474,12 +496,13 @@ __device__ __forceinline__ void grouped_gemm_tma(const tma::TensorMap& a_map, co
         ws::regs_dec<40>();
         if (warp == 0) {
             int it = 0, e, mp, n_tile;
-            for (int unit = blockIdx.x / CM;
-                 locate_tile<BM * CM>(unit / splits, offsets, experts, n_tiles, e, mp, n_tile);
-                 unit += gridDim.x / CM) {
-                const int row0 = offsets[e] + (mp * CM + rank) * BM;
+            for (int unit = blockIdx.x / CS;
+                 locate_tile<BM * CM>(item_tile(unit), offsets, experts, n_tiles, e, mp, n_tile);
+                 unit += gridDim.x / CS) {
+                const int row0 = offsets[e] + (mp * CM + mrank) * BM;
                 const int brow0 = e * N + n_tile * BN;
-                const int ks = unit % splits, kt_lo = ks * k_tiles / splits, kt_hi = (ks + 1) * k_tiles / splits;
+                const int ks = item_split(unit), kt_lo = ks * k_tiles / ksplits;
+                const int kt_hi = (ks + 1) * k_tiles / ksplits;
                 if (lane == 0) {
                     for (int kt = kt_lo; kt < kt_hi; ++kt, ++it) {
                         const int s = it % STAGES;
@@ -511,11 +534,12 @@ __device__ __forceinline__ void grouped_gemm_tma(const tma::TensorMap& a_map, co
             if constexpr (CM > 1)
                 if (tg == 32) tma::mbar_arrive_cluster(empty0 + 8 * stage, rank ^ 1);
         };
-        for (int unit = blockIdx.x / CM;
-             locate_tile<BM * CM>(unit / splits, offsets, experts, n_tiles, e, mp, n_tile);
-             unit += gridDim.x / CM) {
-            const int m_tile = mp * CM + rank;
-            const int ks = unit % splits, kt_lo = ks * k_tiles / splits, kt_hi = (ks + 1) * k_tiles / splits;
+        int summed = 0;  // CK > 1: tiles this warpgroup added through the cluster (the barriers' phase)
+        for (int unit = blockIdx.x / CS;
+             locate_tile<BM * CM>(item_tile(unit), offsets, experts, n_tiles, e, mp, n_tile);
+             unit += gridDim.x / CS) {
+            const int m_tile = mp * CM + mrank;
+            const int ks = item_split(unit), kt_lo = ks * k_tiles / ksplits, kt_hi = (ks + 1) * k_tiles / ksplits;
             for (int kt = kt_lo; kt < kt_hi; ++kt, ++it) {
                 const int s = it % STAGES;
                 tma::mbar_wait(full0 + 8 * s, (it / STAGES) & 1);
@@ -540,6 +564,68 @@ __device__ __forceinline__ void grouped_gemm_tma(const tma::TensorMap& a_map, co
             const int rows_here = min(64, offsets[e + 1] - row0);
             if (rows_here <= 0) continue;  // the whole warpgroup takes the same branch
             const int r_frag = 16 * (warp & 3) + (lane >> 2), q = lane & 3;
+            if constexpr (CK > 1) {  // the cluster adds the CK sums of the tile through distributed shared memory
+                // byte address of fp32 (r, c) in a warpgroup's sums: 512-byte rows of 16-byte chunks, chunk ^ 2 (r % 8)
+                auto sums_at = [&](int r, int c) {
+                    return ebuf + r * 512 + ((((c >> 2) ^ ((r & 7) << 1))) << 4) + (c & 3) * 4;
+                };
+                const unsigned ready = ready0 + 8 * g, freed = freed0 + 8 * g;
+                tma::mbar_wait_cluster(freed, (summed & 1) ^ 1);  // every reader is done with the last tile's
+#pragma unroll
+                for (int j = 0; j < BN / 8; ++j)
+#pragma unroll
+                    for (int h = 0; h < 2; ++h) {
+                        const int r = r_frag + 8 * h;
+                        asm volatile("st.shared.v2.f32 [%0], {%1, %2};\n" ::"r"(sums_at(r, 8 * j + 2 * q)),
+                                     "f"(d[4 * j + 2 * h]), "f"(d[4 * j + 2 * h + 1]) : "memory");
+                    }
+                tma::fence_cluster();
+                ws::bar_sync(1 + g, 128);
+                if (tg < CK) tma::mbar_arrive_cluster(ready, tg);  // this CTA's sums are in: tell every reader
+                tma::mbar_wait_cluster(ready, summed & 1);         // ... and wait for the peers'
+                // rows [r_lo, r_hi) of the tile are this warpgroup's: 32 chunks of 4 sums per row, ITERS per thread;
+                // every chunk's CK loads are issued before any is added (the remote loads' latency overlaps), then
+                // added in rank order
+                constexpr int ITERS = ((64 + CK - 1) / CK * 32 + 127) / 128;
+                const int r_lo = rank * 64 / CK, r_hi = min((rank + 1) * 64 / CK, rows_here);
+                const int n_out = EPI == EPI_SWIGLU ? N / 2 : N;
+                float4 v[ITERS][CK];
+                bool live[ITERS];
+#pragma unroll
+                for (int i = 0; i < ITERS; ++i) {
+                    const int idx = tg + 128 * i, r = r_lo + idx / 32, c = 4 * (idx % 32);
+                    live[i] = r < r_hi && n_tile * BN + c < N;
+                    if (live[i])
+#pragma unroll
+                        for (int s = 0; s < CK; ++s) v[i][s] = tma::ld_cluster_f4(sums_at(r, c), s);
+                }
+#pragma unroll
+                for (int i = 0; i < ITERS; ++i) {
+                    if (!live[i]) continue;
+                    const int idx = tg + 128 * i, r = r_lo + idx / 32, c = 4 * (idx % 32);
+                    float4 t = v[i][0];
+#pragma unroll
+                    for (int s = 1; s < CK; ++s) {
+                        t.x += v[i][s].x; t.y += v[i][s].y; t.z += v[i][s].z; t.w += v[i][s].w;
+                    }
+                    const float sc = row_scale != nullptr ? row_scale[row0 + r] : 1.f;
+                    T* dst = out + (size_t)(row0 + r) * n_out;
+                    if constexpr (EPI == EPI_SWIGLU) {
+                        *reinterpret_cast<unsigned*>(dst + n_tile * (BN / 2) + c / 2) =
+                            mma::Convert<T>::pack(silu(t.x) * t.y * sc, silu(t.z) * t.w * sc);
+                    } else {
+                        uint2 pk;
+                        pk.x = mma::Convert<T>::pack(t.x * sc, t.y * sc);
+                        pk.y = mma::Convert<T>::pack(t.z * sc, t.w * sc);
+                        *reinterpret_cast<uint2*>(dst + n_tile * BN + c) = pk;
+                    }
+                }
+                tma::fence_cluster();
+                ws::bar_sync(1 + g, 128);
+                if (tg < CK) tma::mbar_arrive_cluster(freed, tg);  // this warpgroup has read every CTA's buffer
+                ++summed;
+                continue;
+            }
             if (splits > 1) {  // split K: this split's fp32 sums, straight from the fragments (moe_splitk_reduce)
                 float* dst = partial + ((size_t)ks * rows + row0) * N + n_tile * BN + 2 * q;
 #pragma unroll
@@ -623,7 +709,7 @@ __device__ __forceinline__ void grouped_gemm_tma(const tma::TensorMap& a_map, co
         }
     }
     if (wg > 0 && threadIdx.x % 128 == 0) tma::store_wait_all();  // the staging buffers outlive their stores
-    if constexpr (CM > 1) tma::cluster_sync();  // no remote arrival may reach an exited CTA
+    if constexpr (CS > 1) tma::cluster_sync();  // no remote arrival or read may reach an exited CTA
 }
 
 // The kernels: one CTA per work item, or clusters of two along M (the cluster shape is a compile-time attribute
@@ -639,19 +725,32 @@ moe_grouped_gemm_tma(const __grid_constant__ tma::TensorMap a_map, const __grid_
 }
 
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ < 900
-#define CLUSTER_OF_2  // before sm_90 the attribute does not compile, even on a template no one instantiates there
+#define CLUSTER_OF(n)  // before sm_90 the attribute does not compile, even on a template no one instantiates there
 #else
-#define CLUSTER_OF_2 __cluster_dims__(2, 1, 1)
+#define CLUSTER_OF(n) __cluster_dims__(n, 1, 1)
 #endif
 
 template <typename T, int STAGES, int EPI>
-__global__ void __launch_bounds__(384, 1) CLUSTER_OF_2
+__global__ void __launch_bounds__(384, 1) CLUSTER_OF(2)
 moe_grouped_gemm_tma_pair(const __grid_constant__ tma::TensorMap a_map, const __grid_constant__ tma::TensorMap b_map,
                           const __grid_constant__ tma::TensorMap out_map, T* __restrict__ out,
                           const int* __restrict__ offsets, const float* __restrict__ row_scale, int experts, int N,
                           int K, float* __restrict__ partial, int splits, int rows) {
     grouped_gemm_tma<T, STAGES, EPI, 2, 256>(a_map, b_map, out_map, out, offsets, row_scale, experts, N, K, partial, 1,
                                              rows);
+}
+
+// Clusters of CK CTAs splitting each 128 x 128 tile's K range, their sums added through distributed shared memory
+// (no partial sums in global memory, no reduce launch; out_map and partial are not used).
+template <typename T, int STAGES, int EPI, int CK>
+__global__ void __launch_bounds__(384, 1) CLUSTER_OF(CK)
+moe_grouped_gemm_tma_ksplit(const __grid_constant__ tma::TensorMap a_map,
+                            const __grid_constant__ tma::TensorMap b_map,
+                            const __grid_constant__ tma::TensorMap out_map, T* __restrict__ out,
+                            const int* __restrict__ offsets, const float* __restrict__ row_scale, int experts, int N,
+                            int K, float* __restrict__ partial, int splits, int rows) {
+    grouped_gemm_tma<T, STAGES, EPI, 1, 128, CK>(a_map, b_map, out_map, out, offsets, row_scale, experts, N, K,
+                                                 partial, 1, rows);
 }
 
 // Split K (moe_grouped_gemm_tma with splits > 1): split s of a tile summed k tiles [s K_t / S, (s + 1) K_t / S)
