@@ -7,7 +7,9 @@ Implementations, one process, the same weights and input:
 - ``torch-naive``: eager torch, matmul-softmax-matmul attention with a causal mask, F.linear, MoE as a per-expert
   loop -- seed 004's "PyTorch naive", the reference of the check and of the "> 40 % speedup" gate;
 - ``torch-best``: SDPA (torch picks the backend), F.linear (cuBLAS), ``torch._grouped_mm`` for MoE;
-  ``torch-compiled``: ``torch.compile`` of that forward (its row says why when compiling fails).
+  ``torch-compiled``: ``torch.compile`` of that forward (its row says why when compiling fails);
+  ``torch-compiled-graph``: the compiled forward captured with ``torch.cuda.graph`` and replayed, as ours-graph is
+  (the fair pair for it where the host is the bottleneck).
 
 Every output is checked against torch-naive's before timing (relative L2 error of the final hidden states,
 bounded by twice torch-best's own error against it or a floor, whichever is larger) and ours again after. Times are
@@ -32,11 +34,12 @@ from tabulate import tabulate
 from cukernels import bench, cli, device, environment, score, timing
 
 from . import configs
-from .layers import SECTIONS, OursModel, SectionTimer, TorchModel, init_weights
+from .layers import SECTIONS, CapturedForward, OursModel, SectionTimer, TorchModel, init_weights
 
 PROG = "python -m models.bench"
-IMPLS = ("ours", "ours-graph", "torch-naive", "torch-best", "torch-compiled")
-BASELINES = ("torch-naive", "torch-best", "torch-compiled")
+IMPLS = ("ours", "ours-graph", "torch-naive", "torch-best", "torch-compiled", "torch-compiled-graph")
+BASELINES = ("torch-naive", "torch-best", "torch-compiled", "torch-compiled-graph")
+BEST_TORCH = ("torch-best", "torch-compiled", "torch-compiled-graph")  # the best torch pipeline: the fastest of these
 NAIVE = "torch-naive"
 REL_L2_FLOOR = 3e-2  # bf16 end to end: a wrong kernel is off by O(1), rounding differences by ~1e-2
 GATE_PCT = 40.0  # seed 004 "Performance Gates": End-to-End > 40 % speedup vs PyTorch naive (if no table says)
@@ -65,7 +68,7 @@ class ModelResult:
     check_bound: float | None = None
     speedup_vs_naive: float | None = None
     gate: str = ""
-    x_best_torch: float | None = None  # the faster of torch-best / torch-compiled over this
+    x_best_torch: float | None = None  # the fastest of BEST_TORCH over this
     split_ms: dict = dataclasses.field(default_factory=dict)
     expected_ms: float | None = None
     vs_expected: str = ""
@@ -92,7 +95,8 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--out", metavar="PATH",
                    help="write the results as JSON to PATH (e.g. docs/results/h100/models.json); without it, none")
     p.add_argument("--no-graph", action="store_true", help="skip ours-graph (the CUDA-graph capture)")
-    p.add_argument("--no-compile", action="store_true", help="skip torch-compiled (compiling takes minutes)")
+    p.add_argument("--no-compile", action="store_true",
+                   help="skip torch-compiled and torch-compiled-graph (compiling takes minutes)")
     p.add_argument("--expected", default="auto",
                    help=f"expected table: auto, none, or one of {', '.join(score.table_names())}")
     p.add_argument("--budget-ms", type=float, default=2000.0, help="timing budget per row (default %(default)s)")
@@ -209,6 +213,7 @@ def run_case(case: configs.ModelCase, weights, impls: list[str], args, progress=
     results: dict[str, ModelResult] = {}
     fns: dict = {}
     peaks: dict = {}
+    compiled: dict = {}  # the compiled forward, shared by torch-compiled and torch-compiled-graph
 
     def say(msg):
         if progress is not None:
@@ -225,14 +230,23 @@ def run_case(case: configs.ModelCase, weights, impls: list[str], args, progress=
             out, peak, extra = _measure_peak(graph.replay)
             peaks[impl] = (peak, extra)
             return graph.replay, out
-        else:  # torch-compiled
-            torch._dynamo.reset()  # one compiled forward at a time: no recompile limit across cases
-            compiled = torch.compile(models["torch-best"].forward)
-            fn = lambda: compiled(x)  # noqa: E731
-            try:
-                fn()
-            except Exception as exc:
-                raise RuntimeError(f"torch.compile failed: {_error_text(exc)}") from None
+        else:  # torch-compiled, torch-compiled-graph
+            if "forward" not in compiled:
+                torch._dynamo.reset()  # one compiled forward at a time: no recompile limit across cases
+                forward = torch.compile(models["torch-best"].forward)
+                try:
+                    forward(x)
+                except Exception as exc:
+                    raise RuntimeError(f"torch.compile failed: {_error_text(exc)}") from None
+                compiled["forward"] = forward
+            forward = compiled["forward"]
+            if impl == "torch-compiled-graph":
+                try:
+                    fn = CapturedForward(forward, x).replay
+                except Exception as exc:
+                    raise RuntimeError(f"capturing the compiled forward failed: {_error_text(exc)}") from None
+            else:
+                fn = lambda: forward(x)  # noqa: E731
             out, peak, extra = _measure_peak(fn)
             peaks[impl] = (peak, extra)
             return fn, out
@@ -307,7 +321,9 @@ def run_case(case: configs.ModelCase, weights, impls: list[str], args, progress=
             probe = SectionTimer()
             models[impl](x, probe)
             r.split_ms = probe.totals_ms()
-    if "torch-compiled" in fns:
+    if compiled:
+        fns.clear()
+        compiled.clear()
         torch._dynamo.reset()  # the compiled graph holds this model's weights
     if progress is not None:
         print("\r\033[K", end="", file=progress, flush=True)
@@ -320,7 +336,7 @@ def run_case(case: configs.ModelCase, weights, impls: list[str], args, progress=
 def score_case(rows: list[ModelResult], case: configs.ModelCase, expected: dict | None, spec, gate: float) -> None:
     by = {r.impl: r for r in rows if r.ok}
     naive = by.get(NAIVE)
-    best = min((by[i] for i in ("torch-best", "torch-compiled") if i in by), key=lambda r: r.median_ms, default=None)
+    best = min((by[i] for i in BEST_TORCH if i in by), key=lambda r: r.median_ms, default=None)
     for r in rows:
         if not r.ok:
             continue
@@ -394,7 +410,7 @@ def main(argv=None) -> int:
     exp_rows, note = expected_rows(spec, args.expected)
     gate = gate_pct(spec, args.expected)
     impls = [i for i in IMPLS if not (args.no_graph and i == "ours-graph")
-             and not (args.no_compile and i == "torch-compiled")]
+             and not (args.no_compile and i.startswith("torch-compiled"))]
     t0 = time.perf_counter()
     results: list[ModelResult] = []
     weights, weights_of = None, None
