@@ -322,8 +322,6 @@ def run_case(case: configs.ModelCase, weights, impls: list[str], args, progress=
             models[impl](x, probe)
             r.split_ms = probe.totals_ms()
     if compiled:
-        fns.clear()
-        compiled.clear()
         torch._dynamo.reset()  # the compiled graph holds this model's weights
     if progress is not None:
         print("\r\033[K", end="", file=progress, flush=True)

@@ -387,11 +387,15 @@ def cluster_capacity(spec: DeviceSpec, cluster: int) -> int:
     return int(spec.sm_count * CLUSTER_FILL[cluster]) // cluster
 
 
+def _tma_m_tiles(problem: GemmProblem) -> int:
+    """The 128-row tiles of ``problem``'s groups, estimated (each group past the first adds about half a tile)."""
+    groups = max(1, min(problem.experts, problem.rows))
+    return -(-problem.rows // 128) if groups == 1 else problem.rows // 128 + groups // 2 + 1
+
+
 def tma_estimate_us(problem: GemmProblem, cfg: GemmConfig, spec: DeviceSpec) -> float:
     """Estimated microseconds of ``problem`` on the tma tile ``cfg`` (the planner's cost model above)."""
-    groups = max(1, min(problem.experts, problem.rows))
-    m_items = -(-problem.rows // 128) if groups == 1 else problem.rows // 128 + groups // 2 + 1
-    items = m_items * -(-problem.n // cfg.block_n) * cfg.split_k
+    items = _tma_m_tiles(problem) * -(-problem.n // cfg.block_n) * cfg.split_k
     k_tiles = -(-problem.k // 64)
     if cfg.cluster_k > 1:  # clusters of tiles
         waves = -(-items // cluster_capacity(spec, cfg.cluster_k))
@@ -437,9 +441,7 @@ def as_cluster_split(problem: GemmProblem, cfg: GemmConfig, spec: DeviceSpec) ->
     if cfg.kind != "tma" or cfg.block_n != 128 or cfg.split_k < 2 or cfg.cluster_m != 1:
         return None
     ck = min(cfg.split_k, TMA_MAX_CLUSTER_K)
-    groups = max(1, min(problem.experts, problem.rows))
-    m_items = -(-problem.rows // 128) if groups == 1 else problem.rows // 128 + groups // 2 + 1
-    if m_items * -(-problem.n // 128) > cluster_capacity(spec, ck):
+    if _tma_m_tiles(problem) * -(-problem.n // 128) > cluster_capacity(spec, ck):
         return None
     return dataclasses.replace(TMA_128_KSPLIT, cluster_k=ck)
 
