@@ -383,7 +383,7 @@ class ForwardCall:
                 (*qkv, P(3), P(4), P(5), P(6), P(7), P(8), *strides,
                  np.int32(Sq), np.int32(Skv), np.int32(H), np.int32(H // problem.kv_heads),
                  np.int32(left), np.int32(right), np.float32(scale * math.log2(math.e)), np.int32(B)),
-                smem=cfg.smem_bytes())
+                smem=cfg.smem_bytes(), pdl=isinstance(cfg, FwdTmaConfig))  # flash_fwd_tma waits (pdl.cuh)
         self.new_o = self.frame.allocator(self.o_shape, self.dtype)
         self.new_lse = self.frame.allocator(self.lse_shape, "fp32")
 

@@ -24,6 +24,7 @@ from __future__ import annotations
 import ctypes
 import functools
 import operator
+import os
 import struct
 import sys
 import threading
@@ -65,10 +66,11 @@ class Launcher:
     Python loop). The buffers are shared by the callers of a launcher, hence the lock; cuLaunchKernel copies the
     values before it returns (a graph capture too)."""
 
-    __slots__ = ("name", "_launch", "_params_addr", "_gather", "_offsets", "_pack", "_ptrs", "_maps", "_map_gather",
-                 "_map_bases", "_lock", "_keep")
+    __slots__ = ("name", "_launch", "_launch_pdl", "_params_addr", "_gather", "_offsets", "_pack", "_ptrs", "_maps",
+                 "_map_gather", "_map_bases", "_lock", "_keep")
 
-    def __init__(self, kernel, grid: Sequence[int], block: Sequence[int], args: Sequence[Any], *, smem: int = 0):
+    def __init__(self, kernel, grid: Sequence[int], block: Sequence[int], args: Sequence[Any], *, smem: int = 0,
+                 pdl: bool = False):
         kernel.reserve_smem(smem)
         self.name = kernel.name_expression
         grid, block = (tuple(int(v) for v in dims) + (1,) * (3 - len(dims)) for dims in (grid, block))
@@ -112,6 +114,9 @@ class Launcher:
         self._map_bases = None
         self._lock = threading.Lock()
         self._launch = functools.partial(_driver_launch(), kernel.handle, *grid, *block, int(smem))
+        # pdl: the kernel waits for the grid before it (griddepcontrol.wait, cukernels/kernels/pdl.cuh) before it
+        # touches global memory, so it may be launched while that grid still runs (sm_90 and later)
+        self._launch_pdl = _PdlLaunch(kernel.handle, grid, block, int(smem)) if pdl and _pdl_capable() else None
 
     def launch(self, stream: int, ptrs: Sequence[int]) -> None:
         vals = self._gather(ptrs)
@@ -124,16 +129,86 @@ class Launcher:
                 for m, base in zip(self._maps, bases):  # re-encoded only where the pointer moved (see tma.py)
                     m.bind(base)
                 self._map_bases = bases
+            fn = self._launch_pdl if self._launch_pdl is not None and PDL[0] else self._launch
             try:
-                self._launch(stream, self._params_addr, 0)
+                fn(stream, self._params_addr, 0)
             except Exception as exc:
                 if not _no_context(exc):
                     raise
                 _make_context_current()  # a thread whose first CUDA work is this launch (see below)
-                self._launch(stream, self._params_addr, 0)
+                fn(stream, self._params_addr, 0)
 
 
 _add = operator.add
+
+# ---------------------------------------------------------------- programmatic dependent launch
+#
+# A kernel launched with CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION may start while the kernel before it
+# on the stream is still running, once every CTA of that kernel has executed griddepcontrol.launch_dependents (or
+# exited); it must then execute griddepcontrol.wait (which returns when the previous grid has completed and its
+# memory is visible) before it reads that grid's outputs or writes anything the grid may still read. Our kernels
+# that do so (pdl.cuh: pdl::wait() before any global access, then pdl::launch_dependents()) are launched this way:
+# their launch, block scheduling and prologue (barrier init, tensor-map prefetch, register reallocation) overlap
+# the previous kernel's tail, which is most of a small kernel's time in a chain of them (a 128-token decoder
+# layer). Stream capture records the launch as a programmatic edge, so CUDA graphs keep the overlap. PDL[0] = False
+# (or CUKERNELS_PDL=0 in the environment) launches every kernel the plain way, for A/B runs and as an escape hatch.
+PDL = [os.environ.get("CUKERNELS_PDL", "1") != "0"]
+_CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION = 6
+
+
+class _LaunchAttribute(ctypes.Structure):  # CUlaunchAttribute: an id, padding to 8 bytes, a 64-byte value union
+    _fields_ = [("id", ctypes.c_int), ("pad", ctypes.c_char * 4), ("value", ctypes.c_int * 16)]
+
+
+class _LaunchConfig(ctypes.Structure):  # CUlaunchConfig
+    _fields_ = [("grid", ctypes.c_uint * 3), ("block", ctypes.c_uint * 3), ("shared_mem_bytes", ctypes.c_uint),
+                ("stream", ctypes.c_void_p), ("attrs", ctypes.POINTER(_LaunchAttribute)), ("num_attrs", ctypes.c_uint)]
+
+
+@functools.lru_cache(maxsize=None)
+def _launch_kernel_ex():
+    fn = ctypes.CDLL("libcuda.so.1").cuLaunchKernelEx
+    fn.argtypes = (ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p)
+    fn.restype = ctypes.c_int
+    return fn
+
+
+def _pdl_capable() -> bool:
+    """The current device takes programmatic dependent launches (compute capability 9.0 or later)."""
+    from cupy.cuda import runtime
+
+    return _major(runtime.getDevice()) >= 9
+
+
+@functools.lru_cache(maxsize=None)
+def _major(device_id: int) -> int:
+    from cupy.cuda import runtime
+
+    return runtime.getDeviceProperties(device_id)["major"]
+
+
+class _PdlLaunch:
+    """cuLaunchKernelEx with the programmatic-stream-serialization attribute, called like CuPy's launchKernel
+    (stream, parameter array, extra); the config lives here and only its stream changes per launch (the caller
+    holds the launcher's lock)."""
+
+    __slots__ = ("_attr", "_config", "_config_addr", "_fn", "_handle")
+
+    def __init__(self, handle: int, grid, block, smem: int):
+        self._attr = _LaunchAttribute(id=_CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION)
+        self._attr.value[0] = 1
+        self._config = _LaunchConfig((ctypes.c_uint * 3)(*grid), (ctypes.c_uint * 3)(*block), smem, None,
+                                     ctypes.pointer(self._attr), 1)
+        self._config_addr = ctypes.addressof(self._config)
+        self._fn, self._handle = _launch_kernel_ex(), handle
+
+    def __call__(self, stream: int, params: int, extra: int) -> None:
+        self._config.stream = stream or None
+        status = self._fn(self._config_addr, self._handle, params, None)
+        if status:
+            from cupy_backends.cuda.api.driver import CUDADriverError
+
+            raise CUDADriverError(status)
 
 
 def _driver_launch():

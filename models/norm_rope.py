@@ -24,8 +24,25 @@ ROPE_THREADS = 256
 _DTYPES = (dtypes.FP16, dtypes.BF16)
 
 
-def norm_expression(dtype, add: bool) -> str:
-    return f"rms_norm<{dtypes.ctype(dtype)}, {NORM_VEC}, {'true' if add else 'false'}>"
+NORM_ROW_THREADS = 512  # most threads of rms_norm_row's block (its __launch_bounds__)
+NORM_ROW_PER = 4  # most pieces per thread there: rows up to 512 * 4 * NORM_VEC = 16384 elements
+
+
+def norm_plan(hidden: int) -> tuple[int, int]:
+    """(pieces per thread, threads) of rms_norm_row for a row of ``hidden`` elements, or (0, 32 * NORM_WARPS) for
+    the warp-per-row kernel where the row is longer than rms_norm_row holds."""
+    vecs = hidden // NORM_VEC
+    per = -(-vecs // NORM_ROW_THREADS)
+    if per > NORM_ROW_PER:
+        return 0, NORM_WARPS * 32
+    return per, -(-(-(-vecs // per)) // 32) * 32
+
+
+def norm_expression(dtype, add: bool, per: int = 0) -> str:
+    flag = "true" if add else "false"
+    if per:
+        return f"rms_norm_row<{dtypes.ctype(dtype)}, {NORM_VEC}, {flag}, {per}>"
+    return f"rms_norm<{dtypes.ctype(dtype)}, {NORM_VEC}, {flag}>"
 
 
 def rotary_expression(dtype) -> str:
@@ -34,8 +51,9 @@ def rotary_expression(dtype) -> str:
 
 def name_expressions() -> list[str]:
     """Every instance the Python side can launch (the offline compile test builds them all)."""
-    return [e for dt in _DTYPES for e in (norm_expression(dt, False), norm_expression(dt, True),
-                                          rotary_expression(dt))]
+    return [e for dt in _DTYPES for e in (
+        [norm_expression(dt, add, per) for add in (False, True) for per in range(NORM_ROW_PER + 1)]
+        + [rotary_expression(dt)])]
 
 
 def _device_of(name: str, x) -> int:
@@ -60,11 +78,16 @@ class NormCall:
 
         self.frame, self.shape, self.dtype = frame, (rows, hidden), dtypes.dtype_name(dtype)
         with cupy.cuda.Device(frame.device_id):
-            kern = _compile.kernel(SOURCE, norm_expression(dtype, add))
+            per, threads = norm_plan(hidden)
+            kern = _compile.kernel(SOURCE, norm_expression(dtype, add, per))
             P = _launch.Ptr  # 0 x, 1 residual (0 without the add), 2 weight, 3 out
-            self.launcher = _launch.Launcher(kern, (-(-rows // NORM_WARPS),), (NORM_WARPS * 32,),
-                                             (P(0), P(1), P(2), P(3), np.int32(rows), np.int32(hidden),
-                                              np.float32(eps)))
+            if per:  # a block per row
+                self.launcher = _launch.Launcher(kern, (rows,), (threads,),
+                                                 (P(0), P(1), P(2), P(3), np.int32(hidden), np.float32(eps)), pdl=True)
+            else:
+                self.launcher = _launch.Launcher(kern, (-(-rows // NORM_WARPS),), (threads,),
+                                                 (P(0), P(1), P(2), P(3), np.int32(rows), np.int32(hidden),
+                                                  np.float32(eps)), pdl=True)
 
     def __call__(self, px: int, pres: int, pw: int):
         f = self.frame
@@ -159,7 +182,7 @@ class RotaryCall:
             P = _launch.Ptr  # 0 qkv, 1 cos, 2 sin
             self.launcher = _launch.Launcher(kern, (-(-work // ROPE_THREADS),), (ROPE_THREADS,),
                                              (P(0), P(1), P(2), np.int32(tokens), np.int32(heads_total * head_dim),
-                                              np.int32(head_dim), np.int32(rot_heads), np.int32(seq)))
+                                              np.int32(head_dim), np.int32(rot_heads), np.int32(seq)), pdl=True)
 
     def __call__(self, pqkv: int, pcos: int, psin: int) -> None:
         self.launcher.launch(self.frame.stream(), (pqkv, pcos, psin))

@@ -164,7 +164,7 @@ class GemmCall:
                 grid = min(grid, kern.blocks_per_sm(config.threads, config.smem_bytes()) * launch.spec().sm_count)
             self.launcher = _launch.Launcher(
                 kern, (grid,), (config.threads,), args,
-                smem=config.smem_bytes())
+                smem=config.smem_bytes(), pdl=config.kind == "tma")  # the tma kernels wait (pdl.cuh)
             self.split_sums, self.reduce = None, None
             if splits > 1:  # the split sums' adder: epilogue, row scale and the 16-bit store
                 nbytes = 4 * splits * problem.rows * problem.n
@@ -175,7 +175,7 @@ class GemmCall:
                 self.reduce = _launch.Launcher(
                     red, (across, max(1, min(problem.rows, 8 * launch.spec().sm_count // across))), (256,),
                     (P(6), P(2), P(3), P(4), np.int32(problem.experts), np.int32(problem.n), np.int32(splits),
-                     np.int32(problem.rows)))
+                     np.int32(problem.rows)), pdl=True)
 
     def enqueue(self, stream: int, pa: int, pb: int, pout: int, poffsets: int, pscale: int, pindex: int = 0) -> None:
         if self.empty:

@@ -216,6 +216,16 @@ def test_reference_attention_is_causal():
     np.testing.assert_allclose(reference.causal_attention(q, k2[:, :, :2], v[:, :, :2])[:, :5], o[:, :5], rtol=1e-6)
 
 
+def test_norm_plan_block_per_row_up_to_its_limit():
+    assert norm_rope.norm_plan(8) == (1, 32)
+    assert norm_rope.norm_plan(768) == (1, 96)
+    assert norm_rope.norm_plan(4096) == (1, 512)
+    assert norm_rope.norm_plan(5000) == (2, 320)
+    assert norm_rope.norm_plan(12296) == (4, 416)
+    assert norm_rope.norm_plan(16384) == (4, 512)
+    assert norm_rope.norm_plan(16392) == (0, 32 * norm_rope.NORM_WARPS)  # the warp-per-row kernel  # the warp-per-row kernel
+
+
 # ---------------------------------------------------------------- offline compile
 
 
@@ -225,8 +235,9 @@ def test_norm_rope_compiles_offline_without_spills(arch):
     res = ccompile.compile_offline(norm_rope.SOURCE, norm_rope.name_expressions(), arch)
     assert set(res) == set(norm_rope.name_expressions())
     for expr, r in res.items():
-        assert r.spills == 0 and r.stack_bytes == 0 and r.static_smem_bytes == 0, f"{expr} on {arch}: {r}"
-        assert r.registers <= 64, f"{expr} on {arch}: {r.registers} registers"
+        smem = 128 if expr.startswith("rms_norm_row") else 0  # its 32 warps' partial sums
+        assert r.spills == 0 and r.stack_bytes == 0 and r.static_smem_bytes == smem, f"{expr} on {arch}: {r}"
+        assert r.registers <= 128, f"{expr} on {arch}: {r.registers} registers"  # 512 threads: 128 at most
 
 
 def test_moe_dense_suite_is_the_models_projections():

@@ -33,6 +33,7 @@
 // the barriers: q_bar, full_k[STAGES], full_v[STAGES], empty_k[STAGES], empty_v[STAGES].
 #include "sm90_common.cuh"
 #include "tma.cuh"
+#include "pdl.cuh"
 
 using namespace attn;
 
@@ -81,6 +82,7 @@ flash_fwd_tma(const __grid_constant__ tma::TensorMap q_map, const __grid_constan
         tma::fence_mbar_init();
     }
     __syncthreads();
+    pdl::enter();  // set up: from here on the previous kernel's outputs are read and ours written
 
     // ---- the query tile, its sequence (packed batches) and the KV tiles it sees: each role works them out after
     // taking its registers (values live across setmaxnreg.dec would have to fit the producer's few)

@@ -30,6 +30,7 @@
 #include "mma.cuh"
 #include "wgmma.cuh"
 #include "tma.cuh"
+#include "pdl.cuh"
 
 constexpr int EPI_NONE = 0, EPI_SWIGLU = 1, EPI_GELU = 2;
 constexpr int GROUP_M = 8;
@@ -482,6 +483,7 @@ __device__ __forceinline__ void grouped_gemm_tma(const tma::TensorMap& a_map, co
     }
     if constexpr (CS > 1) tma::cluster_sync();  // the peers' barriers are initialised before any remote use
     else __syncthreads();
+    pdl::enter();  // set up: from here on the previous kernel's outputs are read and ours written
     const int rank = CS > 1 ? (int)tma::cluster_rank() : 0;
     const int mrank = CM > 1 ? rank : 0;  // the CTA's m-tile in its pair
     // the work items: tiles, or with splits > 1 (no cluster along K) tile u / splits, split u % splits
@@ -763,6 +765,7 @@ moe_splitk_reduce(const float* __restrict__ partial, T* __restrict__ out, const 
                   const float* __restrict__ row_scale, int experts, int N, int splits, int rows) {
     static_assert(EPI == EPI_NONE || EPI == EPI_SWIGLU, "plain or SwiGLU epilogue");
     constexpr int IN = EPI == EPI_SWIGLU ? 16 : 8;  // partial columns per 8 outputs
+    pdl::enter();
     const int lo = offsets[0], hi = offsets[experts];
     const int n_out = EPI == EPI_SWIGLU ? N / 2 : N, chunks = n_out / 8;
     const size_t split_stride = (size_t)rows * N;
