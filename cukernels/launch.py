@@ -175,16 +175,9 @@ def _launch_kernel_ex():
 
 def _pdl_capable() -> bool:
     """The current device takes programmatic dependent launches (compute capability 9.0 or later)."""
-    from cupy.cuda import runtime
+    from . import device
 
-    return _major(runtime.getDevice()) >= 9
-
-
-@functools.lru_cache(maxsize=None)
-def _major(device_id: int) -> int:
-    from cupy.cuda import runtime
-
-    return runtime.getDeviceProperties(device_id)["major"]
+    return device.current().compute_capability >= (9, 0)
 
 
 class _PdlLaunch:

@@ -81,13 +81,11 @@ class NormCall:
             per, threads = norm_plan(hidden)
             kern = _compile.kernel(SOURCE, norm_expression(dtype, add, per))
             P = _launch.Ptr  # 0 x, 1 residual (0 without the add), 2 weight, 3 out
-            if per:  # a block per row
-                self.launcher = _launch.Launcher(kern, (rows,), (threads,),
-                                                 (P(0), P(1), P(2), P(3), np.int32(hidden), np.float32(eps)), pdl=True)
-            else:
-                self.launcher = _launch.Launcher(kern, (-(-rows // NORM_WARPS),), (threads,),
-                                                 (P(0), P(1), P(2), P(3), np.int32(rows), np.int32(hidden),
-                                                  np.float32(eps)), pdl=True)
+            # a block per row, or NORM_WARPS rows per block (that kernel also takes the row count)
+            grid, shape = (rows, ()) if per else (-(-rows // NORM_WARPS), (np.int32(rows),))
+            self.launcher = _launch.Launcher(kern, (grid,), (threads,),
+                                             (P(0), P(1), P(2), P(3), *shape, np.int32(hidden), np.float32(eps)),
+                                             pdl=True)
 
     def __call__(self, px: int, pres: int, pw: int):
         f = self.frame

@@ -99,20 +99,6 @@ def validate(a, b, offsets, *, epilogue=None, row_scale=None, out_dtype=None) ->
                                     epilogue=epilogue, out_dtype="fp32" if fp32_out else None)
 
 
-def one_wave(config, problem: gemm_configs.GemmProblem, grid: int) -> bool:
-    """Whether every work item of a tma plan has its own CTA (cluster) in ``grid``: such GEMMs (the 128-token
-    projections of a decode or prefill step) are launched as programmatic dependents (pdl.cuh), so their launch and
-    setup overlap the kernel before them. A persistent GEMM that loops over items is not: launched that way the
-    large model's b8 / b4 rows ran 12 % / 2 % slower on the H100 (cause not found; the kernels' own trigger moved
-    to each CTA's last item changed nothing), and its launch is a small share of its time anyway. One group: the
-    exact item count; several: the planner's upper bound."""
-    per_item = config.block_m * config.cluster_m
-    m_items = -(-problem.rows // per_item) if problem.experts == 1 else problem.rows // per_item + min(
-        problem.experts, problem.rows)
-    items = m_items * -(-problem.n // config.block_n) * config.split_k
-    return items <= grid // config.cluster_size
-
-
 class GemmCall:
     """A validated, planned, compiled grouped GEMM for one signature: pointers in, output allocated and written
     (``dtype``, or float32 when ``problem.out_dtype`` says so).
@@ -178,7 +164,7 @@ class GemmCall:
                 grid = min(grid, kern.blocks_per_sm(config.threads, config.smem_bytes()) * launch.spec().sm_count)
             self.launcher = _launch.Launcher(
                 kern, (grid,), (config.threads,), args,
-                smem=config.smem_bytes(), pdl=config.kind == "tma" and one_wave(config, problem, grid))
+                smem=config.smem_bytes(), pdl=config.one_wave(problem, grid))
             self.split_sums, self.reduce = None, None
             if splits > 1:  # the split sums' adder: epilogue, row scale and the 16-bit store
                 nbytes = 4 * splits * problem.rows * problem.n

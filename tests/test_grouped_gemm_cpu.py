@@ -338,19 +338,13 @@ def test_interleave_and_swiglu_reference():
 
 def test_one_wave_gemms_take_programmatic_launches():
     """PDL only where every work item has its own CTA: the 128-token projections, not a persistent loop."""
-    import dataclasses
-    import sys
-
-    import moe.grouped_gemm  # noqa: F401  (the module, not the function the package exports)
-
-    gg = sys.modules["moe.grouped_gemm"]
-    from moe import gemm_configs as gc
-
     def prob(rows, n, experts=1):
-        return gc.GemmProblem(rows=rows, n=n, k=4096, experts=experts, dtype=dtypes.BF16)
+        return gemm_configs.GemmProblem(rows=rows, n=n, k=4096, experts=experts, dtype=dtypes.BF16)
 
-    assert gg.one_wave(gc.TMA[0], prob(128, 22016), 132)  # 86 tiles of 128 x 256
-    assert not gg.one_wave(gc.TMA[0], prob(2048, 6144), 132)  # 16 x 24 tiles over 132 CTAs
-    ck3 = dataclasses.replace(gc.TMA_128_KSPLIT, cluster_k=3)
-    assert gg.one_wave(ck3, prob(128, 4096), 96)  # 32 tiles, 32 clusters of 3
-    assert not gg.one_wave(gc.TMA[0], prob(128, 22016, experts=8), 132)  # the bound counts a partial tile per group
+    tma, tma128 = gemm_configs.TMA[0], gemm_configs.TMA_128_KSPLIT
+    assert tma.one_wave(prob(128, 22016), 132)  # 86 tiles of 128 x 256
+    assert not tma.one_wave(prob(2048, 6144), 132)  # 16 x 24 tiles over 132 CTAs
+    ck3 = dataclasses.replace(tma128, cluster_k=3)
+    assert ck3.one_wave(prob(128, 4096), 96)  # 32 tiles, 32 clusters of 3
+    assert not tma.one_wave(prob(128, 22016, experts=8), 132)  # the bound counts a partial tile per group
+    assert not gemm_configs.LARGE[0].one_wave(prob(128, 512), 132)  # not a tma kernel: no pdl.cuh wait in it

@@ -223,7 +223,7 @@ def test_norm_plan_block_per_row_up_to_its_limit():
     assert norm_rope.norm_plan(5000) == (2, 320)
     assert norm_rope.norm_plan(12296) == (4, 416)
     assert norm_rope.norm_plan(16384) == (4, 512)
-    assert norm_rope.norm_plan(16392) == (0, 32 * norm_rope.NORM_WARPS)  # the warp-per-row kernel  # the warp-per-row kernel
+    assert norm_rope.norm_plan(16392) == (0, 32 * norm_rope.NORM_WARPS)  # the warp-per-row kernel
 
 
 # ---------------------------------------------------------------- offline compile
