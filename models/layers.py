@@ -1,7 +1,8 @@
 """The decoder-only transformer of ``models.configs``, three ways over one set of weights (torch CUDA tensors):
 
 - ``OursModel``: RMSNorm (fused with the residual add) and rotary from kernels/norm_rope.cu, the projections and
-  the dense SwiGLU FFN through ``moe.grouped_gemm`` as one group (offsets ``[0, tokens]``; the gate/up projection
+  the dense SwiGLU FFN through ``moe.grouped_gemm`` as one group (``offsets=None``: no offsets read on the GPU
+  before the first loads; the gate/up projection
   with the SwiGLU epilogue on interleaved gate/up rows), attention through ``attention.flash_attention`` (causal,
   GQA by strided views of the fused QKV output, nothing copied), the MoE FFN through ``moe.MoELayer``. Every op
   runs on torch's current stream with memory from torch's allocator, so a forward captures into a CUDA graph
@@ -117,24 +118,16 @@ class OursModel(_Model):
 
     def __init__(self, cfg: ModelConfig, weights: Weights):
         super().__init__(cfg, weights)
-        self._offsets: dict = {}
         self._moe = None
         if cfg.ffn == "moe":
             self._moe = [MoELayer(lw.router, lw.w_gate_up, lw.w_down, cfg.top_k) for lw in weights.layers]
-
-    def offsets(self, tokens: int, like):
-        """int32 ``[0, tokens]``: the one group of every dense GEMM (made once per token count)."""
-        key = (tokens, like.device)
-        if key not in self._offsets:
-            self._offsets[key] = torch.tensor([0, tokens], dtype=torch.int32, device=like.device)
-        return self._offsets[key]
 
     def forward(self, x, probe=no_probe):
         cfg = self.cfg
         batch, seq, hidden = x.shape
         tokens, heads, kv, d = batch * seq, cfg.heads, cfg.kv_heads, cfg.head_dim
         nh, eps = heads + 2 * kv, cfg.norm_eps
-        off = self.offsets(tokens, x)
+        off = None  # one group of all rows: the dense GEMM
         cos, sin = self.tables(seq, x)
         with probe("rest"):
             resid = x.reshape(tokens, hidden).clone()  # the residual stream, updated in place by the norms

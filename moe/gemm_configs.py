@@ -19,7 +19,10 @@ from cukernels import dtypes, tiling, tune
 from cukernels.device import DeviceSpec
 
 EPILOGUES = {None: 0, "swiglu": 1, "gelu": 2}
-TMA_MAX_STAGES = {256: 4, 128: 6}  # stages of (128 + block_n) x 64 that fit beside the staging buffers
+# stages of (block_m + block_n) x 64 that fit beside the staging buffers, by (block_m, block_n); with clusters
+# along K, whose fp32 sums take more room than the staging
+TMA_MAX_STAGES = {(128, 256): 4, (128, 128): 6, (64, 128): 8, (64, 64): 8}
+TMA_MAX_STAGES_CK = {(128, 128): 5, (64, 128): 8, (64, 64): 8}
 TMA_MAX_SPLIT = 8
 TMA_MAX_CLUSTER_K = 4
 KINDS = ("mma", "wgmma", "tma", "skinny")
@@ -91,11 +94,11 @@ class GemmConfig:
         if self.kind == "tma":
             if self.cluster_m not in (1, 2):
                 raise ValueError(f"cluster_m must be 1 or 2, got {self.cluster_m}")
-            most = TMA_MAX_STAGES.get(self.block_n, 0)
-            if not (self.block_m == 128 and self.block_k == 64 and self.warps_m == 8 and self.warps_n == 1
+            most = TMA_MAX_STAGES.get((self.block_m, self.block_n), 0)
+            if not (self.block_k == 64 and self.warps_m == self.block_m // 16 and self.warps_n == 1
                     and self.min_blocks == 1 and 2 <= self.stages <= most):
-                raise ValueError(f"a tma tile is 128 x 256 x 64 (2-4 stages) or 128 x 128 x 64 (2-6 stages) with "
-                                 f"8 x 1 consumer warps, got {self}")
+                raise ValueError(f"a tma tile is 128 x 256 x 64 (2-4 stages), 128 x 128 x 64 (2-6 stages) or "
+                                 f"64 x (64 or 128) x 64 (2-8 stages) with block_m / 16 x 1 consumer warps, got {self}")
             if self.cluster_m != 1 and (self.block_n != 256 or self.split_k != 1):
                 raise ValueError(f"clusters of two run 128 x 256 tiles without split K, got {self}")
             if not 1 <= self.split_k <= TMA_MAX_SPLIT:
@@ -103,9 +106,11 @@ class GemmConfig:
             if self.cluster_k != 1:
                 if not 2 <= self.cluster_k <= TMA_MAX_CLUSTER_K:
                     raise ValueError(f"cluster_k must be 1..{TMA_MAX_CLUSTER_K}, got {self.cluster_k}")
-                if self.block_n != 128 or self.split_k != 1 or self.cluster_m != 1 or self.stages > 5:
+                most = TMA_MAX_STAGES_CK.get((self.block_m, self.block_n), 0)
+                if self.split_k != 1 or self.cluster_m != 1 or self.stages > most:
                     raise ValueError(f"clusters along K run 128 x 128 tiles of at most 5 stages (their sums take "
-                                     f"the sixth's shared memory), without split_k or cluster_m, got {self}")
+                                     f"the sixth's shared memory) or 64-row tiles of at most 8, without split_k "
+                                     f"or cluster_m, got {self}")
             return
         if self.block_k not in (32, 64):
             raise ValueError(f"block_k must be 32 or 64, got {self.block_k}")
@@ -158,9 +163,10 @@ class GemmConfig:
             return self.split_k * self.block_m * (self.block_n + 4) * 4 + 4 * (512 + 4)
         pipeline = self.stages * (self.block_m + self.block_n) * self.block_k * 2
         if self.kind == "tma":  # staging (or with cluster_k the fp32 sums) per consumer warpgroup, barriers
+            groups = self.block_m // 64
             if self.cluster_k > 1:
-                return pipeline + 2 * 64 * 128 * 4 + 16 * self.stages + 32 + 1024
-            return pipeline + 2 * 64 * 128 * 2 + 16 * self.stages + 1024
+                return pipeline + groups * 64 * 128 * 4 + 16 * self.stages + 32 + 1024
+            return pipeline + groups * 64 * 128 * 2 + 16 * self.stages + 1024
         return pipeline + 16 + (1024 if self.kind == "wgmma" else 0)
 
     def name_expression(self, *, dtype, epilogue: str | None = None, out_dtype=None) -> str:
@@ -172,10 +178,12 @@ class GemmConfig:
                 raise ValueError(f"a tma tile writes its input dtype, got out_dtype {out_dtype}")
             if self.cluster_m == 2:
                 return f"moe_grouped_gemm_tma_pair<{dtypes.ctype(dtype)}, {self.stages}, {EPILOGUES[epilogue]}>"
+            head = f"{dtypes.ctype(dtype)}, {self.stages}, {EPILOGUES[epilogue]}"
             if self.cluster_k > 1:
-                return (f"moe_grouped_gemm_tma_ksplit<{dtypes.ctype(dtype)}, {self.stages}, {EPILOGUES[epilogue]}, "
-                        f"{self.cluster_k}>")
-            return f"moe_grouped_gemm_tma<{dtypes.ctype(dtype)}, {self.stages}, {EPILOGUES[epilogue]}, {self.block_n}>"
+                tile = "" if (self.block_m, self.block_n) == (128, 128) else f", {self.block_n}, {self.block_m}"
+                return f"moe_grouped_gemm_tma_ksplit<{head}, {self.cluster_k}{tile}>"
+            tile = "" if self.block_m == 128 else f", {self.block_m}"
+            return f"moe_grouped_gemm_tma<{head}, {self.block_n}{tile}>"
         if self.kind == "skinny":
             return (f"moe_grouped_gemm_skinny<{dtypes.ctype(dtype)}, {out_c}, {self.block_m}, "
                     f"{self.block_n // (16 * self.warps_n)}, {self.warps_n}, {self.split_k}, {self.stages}, "
@@ -270,12 +278,19 @@ TMA_128 = (
 # the 128 x 128 tile split along K across a cluster (cluster_k set by the planner): the fp32 sums take the
 # shared memory of the sixth stage
 TMA_128_KSPLIT = GemmConfig(kind="tma", block_m=128, block_n=128, block_k=64, warps_m=8, warps_n=1, stages=5)
+# 64-row tma tiles (one consumer warpgroup, 256 threads, 8 stages of 16 / 24 KiB): twice and four times the work
+# items of 128 x 128 on a 128-token GEMM, so the weights stream through more SMs; alone or split along K across a
+# cluster (cluster_k set)
+TMA_64 = (
+    GemmConfig(kind="tma", block_m=64, block_n=128, block_k=64, warps_m=4, warps_n=1, stages=8),
+    GemmConfig(kind="tma", block_m=64, block_n=64, block_k=64, warps_m=4, warps_n=1, stages=8),
+)
 # Clusters of two CTAs sharing B by TMA multicast: measured slower than TMA[0] on every gemm-suite row (H200,
 # 2026-11-23: 0.72-0.98x; docs/perf/grouped_gemm.md), so the planner never takes it; --tune may time it
 TMA_PAIR = (
     GemmConfig(kind="tma", block_m=128, block_n=256, block_k=64, warps_m=8, warps_n=1, stages=4, cluster_m=2),
 )
-ALL = TMA + TMA_128 + TMA_PAIR + WGMMA + LARGE + MEDIUM + SMALL
+ALL = TMA + TMA_128 + TMA_64 + TMA_PAIR + WGMMA + LARGE + MEDIUM + SMALL
 # the preference lists for problems of >= 2 waves of 128 x 256 tiles: with the tma tile (variants() and tuning; on
 # sm_90a the planner ranks the tma tiles itself, tma_ranked), without it where the tma tile cannot run
 LARGE_NO_TMA = WGMMA + LARGE + MEDIUM + SMALL
@@ -392,7 +407,9 @@ def plan_skinny(problem: GemmProblem, spec: DeviceSpec) -> tiling.Plan | None:
 # split adds its fp32 partial sums' write and read-back and the reduce kernel's launch on top. A split the model
 # picks on 128-column tiles then runs across a cluster (cluster_k, at most 4) where all its tiles' clusters fit
 # at once: measured 1-5 % faster than the same split through global memory (docs/perf/grouped_gemm.md v7).
-TMA_STAGE_US = {256: 0.84, 128: 0.47}
+# The 64-row tiles' stages (fitted to the v8 sweep less a ~6 us fixed cost per call) are for tune's ranking and
+# the estimate printed with a plan; the planner takes them by rule (narrow_one_wave).
+TMA_STAGE_US = {(128, 256): 0.84, (128, 128): 0.47, (64, 128): 0.30, (64, 64): 0.26}
 TMA_MIN_K_TILES = 4  # k tiles per split at the least
 SPLIT_LAUNCH_US = 3.0
 # the share of the SMs that clusters of 2, 3, 4 CTAs fill (a cluster's CTAs share a GPC): H100 SXM,
@@ -405,22 +422,24 @@ def cluster_capacity(spec: DeviceSpec, cluster: int) -> int:
     return int(spec.sm_count * CLUSTER_FILL[cluster]) // cluster
 
 
-def _tma_m_tiles(problem: GemmProblem) -> int:
-    """The 128-row tiles of ``problem``'s groups, estimated (each group past the first adds about half a tile)."""
+def _tma_m_tiles(problem: GemmProblem, block_m: int = 128) -> int:
+    """The ``block_m``-row tiles of ``problem``'s groups, estimated (each group past the first adds about half a
+    tile)."""
     groups = max(1, min(problem.experts, problem.rows))
-    return -(-problem.rows // 128) if groups == 1 else problem.rows // 128 + groups // 2 + 1
+    return -(-problem.rows // block_m) if groups == 1 else problem.rows // block_m + groups // 2 + 1
 
 
 def tma_estimate_us(problem: GemmProblem, cfg: GemmConfig, spec: DeviceSpec) -> float:
     """Estimated microseconds of ``problem`` on the tma tile ``cfg`` (the planner's cost model above)."""
-    items = _tma_m_tiles(problem) * -(-problem.n // cfg.block_n) * cfg.split_k
+    items = _tma_m_tiles(problem, cfg.block_m) * -(-problem.n // cfg.block_n) * cfg.split_k
+    stage_us = TMA_STAGE_US[(cfg.block_m, cfg.block_n)]
     k_tiles = -(-problem.k // 64)
     if cfg.cluster_k > 1:  # clusters of tiles
         waves = -(-items // cluster_capacity(spec, cfg.cluster_k))
-        compute = waves * -(-k_tiles // cfg.cluster_k) * TMA_STAGE_US[cfg.block_n]
+        compute = waves * -(-k_tiles // cfg.cluster_k) * stage_us
     else:
         waves = -(-items // spec.sm_count)
-        compute = waves * -(-k_tiles // cfg.split_k) * TMA_STAGE_US[cfg.block_n]
+        compute = waves * -(-k_tiles // cfg.split_k) * stage_us
     bw = 0.85 * (spec.peaks.mem_bandwidth_gbs if spec.peaks else 2000.0) * 1e3  # bytes per us
     weight_rows = min(problem.experts, max(problem.rows, 1)) * problem.n
     moved = 2.0 * (problem.rows + weight_rows) * problem.k
@@ -449,7 +468,28 @@ def tma_ranked(problem: GemmProblem, spec: DeviceSpec) -> list[tuple[GemmConfig,
     clustered = as_cluster_split(problem, ranked[0][0], spec)
     if clustered is not None:
         ranked.insert(0, (clustered, tma_estimate_us(problem, clustered, spec)))
+    narrow = narrow_one_wave(problem, spec)
+    if narrow is not None:
+        ranked.insert(0, (narrow, tma_estimate_us(problem, narrow, spec)))
     return ranked
+
+
+# One group of few rows (a 128-token projection): 64-row tiles, the narrowest whose work items all get their own
+# SM, beat the 128 x 128 tiles and their splits whatever the cost model says (H100, 2026-11-25, do_bench with the
+# L2 flushed, docs/perf/grouped_gemm.md v8: 128 x 768 x 768 9.1 vs 11.6 us, 128 x 6144 x 2048 19.5 vs 22.7); up
+# to this many k tiles (128 x 4096 x 11008, 172 k tiles, ran 3 us slower than the 128 x 128 split across clusters)
+TMA_64_MAX_K_TILES = 96
+
+
+def narrow_one_wave(problem: GemmProblem, spec: DeviceSpec) -> GemmConfig | None:
+    """The 64 x 64 or 64 x 128 tile (``TMA_64``) for a one-group problem whose items fit one wave on ``spec``;
+    None for grouped problems, long K, or more items than SMs."""
+    if min(problem.experts, max(problem.rows, 1)) != 1 or -(-problem.k // 64) > TMA_64_MAX_K_TILES:
+        return None
+    for cfg in sorted(TMA_64, key=lambda c: c.block_n):
+        if cfg.work_items(problem, exact_one_group=True) <= spec.sm_count and tiling.fits(cfg, spec) is None:
+            return cfg
+    return None
 
 
 def as_cluster_split(problem: GemmProblem, cfg: GemmConfig, spec: DeviceSpec) -> GemmConfig | None:
@@ -487,7 +527,7 @@ def variants(spec: DeviceSpec) -> list[GemmConfig]:
             if cfg not in out:
                 out.append(cfg)
     ksplits = [dataclasses.replace(TMA_128_KSPLIT, cluster_k=c) for c in range(2, TMA_MAX_CLUSTER_K + 1)]
-    return out + [c for c in (*ksplits, *SKINNY) if tiling.fits(c, spec) is None]
+    return out + [c for c in (*ksplits, *TMA_64, *SKINNY) if tiling.fits(c, spec) is None]
 
 
 # ---------------------------------------------------------------- tuning (cukernels/tune.py)

@@ -7,7 +7,9 @@ Contract:
   operands are K-major, mma.sync's row.col form (no transposes in shared memory, plain ldmatrix for both).
 - ``offsets`` int32 ``[experts + 1]`` on the GPU, non-decreasing, ``0 <= offsets[0]`` and ``offsets[-1] <= rows``
   (the caller's promise: it is read on the GPU only, never copied to the host). Any group may be empty. Rows
-  outside ``[offsets[0], offsets[-1])`` are not written.
+  outside ``[offsets[0], offsets[-1])`` are not written. ``None``: one group of all rows (``b`` must hold one
+  expert): a dense ``a @ b[0].T``, which the tma tile runs without reading any offsets (its tiles follow from
+  the row count, so the first loads wait on nothing; the other tiles read an array the call keeps).
 - dtypes: float16, or bfloat16 as ``uint16`` bits (the project convention); torch CUDA tensors are accepted
   zero-copy. Accumulation in fp32; the output has the input dtype.
 - ``K`` and ``N`` multiples of 8 (16-byte rows for cp.async); ``epilogue="swiglu"`` needs ``N`` a multiple of 16.
@@ -81,10 +83,14 @@ def validate(a, b, offsets, *, epilogue=None, row_scale=None, out_dtype=None) ->
                          f"{dtypes.dtype_name(dtypes.storage(a))} outputs, written in 16-byte stores{hint}")
     if rows >= 2**31:
         raise ValueError(f"a has {rows} rows: at most 2**31 - 1 are supported")
-    if tuple(getattr(offsets, "shape", ())) != (experts + 1,):
+    if offsets is None:
+        if experts != 1:
+            raise ValueError(f"offsets=None (one group of all rows) needs b with one expert, got b.shape[0] = "
+                             f"{experts}")
+    elif tuple(getattr(offsets, "shape", ())) != (experts + 1,):
         raise ValueError(f"offsets must be 1-D [experts + 1] = [{experts + 1}], got shape "
                          f"{tuple(getattr(offsets, 'shape', ()))}")
-    if dtypes.storage(offsets) != np.int32:
+    if offsets is not None and dtypes.storage(offsets) != np.int32:
         raise TypeError(f"offsets must be int32, got {dtypes.text(offsets)}")
     if row_scale is not None:
         if tuple(getattr(row_scale, "shape", ())) != (rows,):
@@ -107,10 +113,11 @@ class GemmCall:
     tile (``self.gather`` says whether): row r of the groups then reads a[index[r] // gather], with ``index`` the
     sixth pointer of ``enqueue`` (the sorted slots), and ``a`` is the tokens, not the gathered rows."""
 
-    def __init__(self, problem: gemm_configs.GemmProblem, config, dtype: np.dtype, frame, gather: int = 0):
+    def __init__(self, problem: gemm_configs.GemmProblem, config, dtype: np.dtype, frame, gather: int = 0,
+                 dense: bool = False):
         import cupy
 
-        self.frame = frame
+        self.frame, self.dense_offsets = frame, None
         out_dtype = np.dtype(np.float32) if problem.out_dtype == "fp32" else np.dtype(dtype)
         with cupy.cuda.Device(frame.device_id):
             if config is None:
@@ -128,6 +135,8 @@ class GemmCall:
             self.empty = problem.rows == 0
             if self.empty:
                 return
+            if dense and config.kind != "tma":  # the tma tile takes a null pointer; the others read [0, rows]
+                self.dense_offsets = cupy.asarray(np.array([0, problem.rows], dtype=np.int32))
             P = _launch.Ptr  # 0 a, 1 b, 2 out, 3 offsets, 4 row_scale (0: none), 5 gather index, 6 split sums
             a_arg, b_arg = P(0), P(1)
             kern = launch.kernel(SOURCE, config.name_expression(dtype=dtype, epilogue=problem.epilogue,
@@ -180,6 +189,8 @@ class GemmCall:
     def enqueue(self, stream: int, pa: int, pb: int, pout: int, poffsets: int, pscale: int, pindex: int = 0) -> None:
         if self.empty:
             return
+        if self.dense_offsets is not None:
+            poffsets = self.dense_offsets.data.ptr
         if self.reduce is None:
             self.launcher.launch(stream, (pa, pb, pout, poffsets, pscale, pindex, 0))
             return
@@ -212,14 +223,18 @@ def _validated(a, b, offsets, epilogue, row_scale, out_dtype, config) -> GemmCal
     if len(devs) != 1:
         raise ValueError(f"a, b, offsets (and row_scale) must be on one device, got devices {sorted(devs)}")
     frame = _launch.frame(_launch.is_torch(a), devs.pop())
-    return GemmCall(problem, config, dtypes.storage(a), frame)
+    return GemmCall(problem, config, dtypes.storage(a), frame, dense=offsets is None)
+
+
+_NO_OFFSETS = (None, 0)  # offsets=None: its view (no key, a null pointer)
 
 
 def grouped_gemm(a, b, offsets, *, epilogue: str | None = None, row_scale=None, out_dtype=None, config=None):
-    """Per-expert ``epilogue(a[group e] @ b[e].T) * row_scale`` (see the module doc). ``config``: a
-    ``gemm_configs.GemmConfig`` to use instead of the planner's choice (benchmarks), checked against the device.
-    The output is a new array like ``a`` (CuPy, or torch on torch's current stream)."""
-    va, vb, vo = _launch.view(a), _launch.view(b), _launch.view(offsets)
+    """Per-expert ``epilogue(a[group e] @ b[e].T) * row_scale`` (see the module doc; ``offsets=None``: one group
+    of all rows). ``config``: a ``gemm_configs.GemmConfig`` to use instead of the planner's choice (benchmarks),
+    checked against the device. The output is a new array like ``a`` (CuPy, or torch on torch's current stream)."""
+    va, vb = _launch.view(a), _launch.view(b)
+    vo = _NO_OFFSETS if offsets is None else _launch.view(offsets)
     vs = None if row_scale is None else _launch.view(row_scale)
     if config is None and None not in (va, vb, vo) and (row_scale is None or vs is not None):
         key = (va[0], vb[0], vo[0], None if vs is None else vs[0], epilogue,
@@ -229,7 +244,8 @@ def grouped_gemm(a, b, offsets, *, epilogue: str | None = None, row_scale=None, 
             call = _GEMM.put(key, _validated(a, b, offsets, epilogue, row_scale, out_dtype, None))
     else:
         call = _validated(a, b, offsets, epilogue, row_scale, out_dtype, config)
-        va, vb, vo = _launch.view(a), _launch.view(b), _launch.view(offsets)
+        va, vb = _launch.view(a), _launch.view(b)
+        vo = _NO_OFFSETS if offsets is None else _launch.view(offsets)
         vs = None if row_scale is None else _launch.view(row_scale)
     if (va[1] | vb[1] | vo[1] | (0 if vs is None else vs[1])) & 15:
         _launch.check_aligned(("a", "b", "offsets", "row_scale"), (va[1], vb[1], vo[1], 0 if vs is None else vs[1]))
@@ -256,7 +272,8 @@ def reference(a, b, offsets, *, epilogue=None, row_scale=None) -> np.ndarray:
         x = x.get() if hasattr(x, "get") else np.asarray(x)
         return dtypes.to_float32(x).astype(np.float64) if x.dtype in _DTYPES else x
 
-    a64, b64, off = host(a), host(b), np.asarray(host(offsets)).astype(np.int64)
+    a64, b64 = host(a), host(b)
+    off = np.array([0, a64.shape[0]]) if offsets is None else np.asarray(host(offsets)).astype(np.int64)
     n = b64.shape[1]
     out = np.zeros((a64.shape[0], n // 2 if epilogue == "swiglu" else n))
     for e in range(b64.shape[0]):

@@ -194,6 +194,43 @@ def test_planner_tma_choice(monkeypatch):
     assert all(c.kind != "tma" for c in gemm_configs.candidates(big, h100))
 
 
+def test_narrow_tma_tiles():
+    """64-row tma tiles: one consumer warpgroup (256 threads), 64 or 128 columns, up to 8 stages, alone or split
+    along K across a cluster; their kernel names carry the tile (the 128-row names are unchanged)."""
+    t64, t128 = gemm_configs.TMA_64[1], gemm_configs.TMA_64[0]
+    assert (t64.block_m, t64.block_n, t64.threads) == (64, 64, 256) and t128.block_n == 128
+    assert t64.name_expression(dtype=BF16) == "moe_grouped_gemm_tma<__nv_bfloat16, 8, 0, 64, 64>"
+    ck = dataclasses.replace(t128, cluster_k=2)
+    assert ck.name_expression(dtype=BF16) == "moe_grouped_gemm_tma_ksplit<__nv_bfloat16, 8, 0, 2, 128, 64>"
+    assert ck.smem_bytes() == 8 * 24 * 1024 + 32 * 1024 + 128 + 32 + 1024 <= 232448
+    p = gemm_configs.GemmProblem(rows=128, n=768, k=768, experts=1, dtype="bf16")
+    assert t64.work_items(p, exact_one_group=True) == 24 and t64.one_wave(p, t64.grid(p, 132))
+    for bad in (dict(block_n=256, stages=4), dict(stages=9), dict(warps_m=8)):
+        with pytest.raises(ValueError, match="a tma tile is"):
+            dataclasses.replace(t64, **bad)
+
+
+def test_planner_takes_narrow_tiles_for_one_wave_projections(monkeypatch):
+    """One group of 128 rows: the narrowest 64-row tile whose items fit one wave (measured faster than the
+    128 x 128 tiles and their splits, docs/perf/grouped_gemm.md v8); not for grouped problems, long K or more
+    items than SMs."""
+    from cukernels import tma
+
+    monkeypatch.setattr(tma, "available", lambda: None)
+    h100 = device.profile("h100_sxm")
+
+    def planned(rows, n, k, experts=1):
+        return gemm_configs.plan(gemm_configs.GemmProblem(rows=rows, n=n, k=k, experts=experts, dtype="bf16"),
+                                 h100).config
+
+    assert planned(128, 768, 768) == gemm_configs.TMA_64[1]  # 24 items of 64 x 64
+    assert planned(128, 4096, 768) == gemm_configs.TMA_64[1]  # 128 items: still one wave
+    assert planned(128, 6144, 2048) == gemm_configs.TMA_64[0]  # 192 of 64 x 64 > 132: 96 of 64 x 128
+    assert planned(128, 11264, 2048).block_m == 128  # 176 of 64 x 128: more than one wave
+    assert planned(128, 4096, 11008).block_m == 128  # 172 k tiles: the 128 x 128 split across clusters
+    assert planned(256, 768, 768, experts=4).block_m == 128  # grouped: not measured, not taken
+
+
 def test_planner_sizes_tma_tiles_to_the_machine(monkeypatch):
     """Weight-bound one-group GEMMs (128 tokens) take 128-column tiles and split K until the work items fill the
     SMs; compute-bound ones keep 128 x 256 without a split (its partial sums would cost more than the tail)."""
@@ -248,6 +285,7 @@ def _args(rows=64, n=32, k=16, experts=4, dtype=np.float16):
     (lambda a, b, o: (a, b.view(np.uint16), o), TypeError, "b must have a's dtype"),
     (lambda a, b, o: (a, b, o[:-1]), ValueError, "offsets must be 1-D"),
     (lambda a, b, o: (a, b, o.astype(np.int64)), TypeError, "offsets must be int32"),
+    (lambda a, b, o: (a, b, None), ValueError, "offsets=None .* needs b with one expert"),
     (lambda a, b, o: (a[:, :12].copy(), b[:, :, :12].copy(), o), ValueError, "multiple of 8"),
     (lambda a, b, o: (a, b[:, :12].copy(), o), ValueError, "N = 12"),
     (lambda a, b, o: (np.asfortranarray(a), b, o), ValueError, "C-contiguous"),

@@ -99,8 +99,9 @@ def _tma_configs():
         pytest.skip("the tma tile needs sm_90a")
     if tma.available():
         pytest.skip(tma.available())
-    return [c for c in gemm_configs.TMA + gemm_configs.TMA_128 + gemm_configs.TMA_PAIR
-            + (dataclasses.replace(gemm_configs.TMA_128_KSPLIT, cluster_k=3),)
+    return [c for c in gemm_configs.TMA + gemm_configs.TMA_128 + gemm_configs.TMA_PAIR + gemm_configs.TMA_64
+            + (dataclasses.replace(gemm_configs.TMA_128_KSPLIT, cluster_k=3),
+               dataclasses.replace(gemm_configs.TMA_64[1], cluster_k=2))
             if c.smem_bytes() <= spec.smem_per_block_optin]
 
 
@@ -156,7 +157,9 @@ def test_tma_split_k(dtype, epilogue):
                 (gemm_configs.TMA_128[0], 2), (gemm_configs.TMA_128[1], 3), (gemm_configs.TMA[0], 4),
                 (gemm_configs.TMA_128[0], 8))),
                 *(dataclasses.replace(ksplit, cluster_k=c) for c in (2, 3, 4)),
-                dataclasses.replace(ksplit, cluster_k=3, stages=3)):
+                dataclasses.replace(ksplit, cluster_k=3, stages=3),
+                *(dataclasses.replace(base, cluster_k=c) for base in gemm_configs.TMA_64 for c in (2, 3, 4)),
+                dataclasses.replace(gemm_configs.TMA_64[1], cluster_k=4, stages=2)):
             checks.poison_pool(64 << 20)
             out = grouped_gemm(a, b, off, epilogue=epilogue, row_scale=scale, config=cfg)
             last = sum(counts)
@@ -178,6 +181,37 @@ def test_tma_split_k(dtype, epilogue):
     off = cupy.asarray(np.array([0, 128], dtype=np.int32))
     _check(grouped_gemm(a, b, off, epilogue=epilogue), reference(a, b, off, epilogue=epilogue), dtype,
            f"planned {plan.config}")
+
+
+@pytest.mark.parametrize("epilogue", [None, "swiglu"])
+@pytest.mark.parametrize("dtype", DTYPES, ids=dtypes.dtype_name)
+def test_dense_offsets_none(dtype, epilogue):
+    """offsets=None (one group of all rows): the tma tiles read no offsets (rows from the call), the other tiles an
+    array the call keeps; a partial last m tile (200 and 100 rows), N and K tails, row scale; every tma shape, the
+    splits, a cluster split and the planner's choice; equal to the same call with offsets [0, rows]."""
+    import cupy
+
+    n, k = 784, 328
+    spec = device.current()
+    cfgs = [None, gemm_configs.MEDIUM[0]]
+    if spec.arch == "sm_90a" and not tma.available():
+        cfgs += [*gemm_configs.TMA_64, gemm_configs.TMA_128[0], gemm_configs.TMA[0], gemm_configs.TMA_PAIR[0],
+                 dataclasses.replace(gemm_configs.TMA_128[0], split_k=2),
+                 dataclasses.replace(gemm_configs.TMA_64[1], cluster_k=3)]
+    for rows in (200, 100):
+        a = dtypes.random((rows, k), dtype, seed=61)
+        b = dtypes.random((1, n, k), dtype, seed=62, scale=1.0 / np.sqrt(k))
+        scale = cupy.asarray(np.random.default_rng(3).random(rows, dtype=np.float32) + 0.5)
+        off = cupy.asarray(np.array([0, rows], dtype=np.int32))
+        ref = reference(a, b, None, epilogue=epilogue, row_scale=scale)
+        for cfg in cfgs:
+            checks.poison_pool(64 << 20)
+            out = grouped_gemm(a, b, None, epilogue=epilogue, row_scale=scale, config=cfg)
+            _check(out, ref, dtype, f"{cfg} {epilogue} rows {rows} offsets=None")
+            same = grouped_gemm(a, b, off, epilogue=epilogue, row_scale=scale, config=cfg)
+            assert (out.view(np.uint16) == same.view(np.uint16)).all(), f"{cfg}: offsets=None differs from [0, rows]"
+    with pytest.raises(ValueError, match="needs b with one expert"):
+        grouped_gemm(a, cupy.concatenate([b, b]), None)
 
 
 def _skinny_cases():

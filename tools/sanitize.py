@@ -132,7 +132,8 @@ def gemm_cases():
         b = dtypes.random((len(counts), 272, 72), dtypes.BF16, seed=4)
         splits = [dataclasses.replace(c, split_k=2) for c in (gemm_configs.TMA_128[0], gemm_configs.TMA[0])]
         splits.append(dataclasses.replace(gemm_configs.TMA_128_KSPLIT, cluster_k=2))
-        for cfg in gemm_configs.TMA + gemm_configs.TMA_128 + gemm_configs.TMA_PAIR + tuple(splits):
+        tiles = gemm_configs.TMA + gemm_configs.TMA_128 + gemm_configs.TMA_64 + gemm_configs.TMA_PAIR
+        for cfg in tiles + tuple(splits):
             for epi in cfg.epilogues():
                 grouped_gemm(a, b, off, epilogue=epi, config=cfg, row_scale=cupy.ones(sum(counts), cupy.float32))
         # clusters along K of 3 and 4 CTAs (K = 264: 5 k tiles, a tail), a partial m tile and an empty group
@@ -142,8 +143,15 @@ def gemm_cases():
         b = dtypes.random((len(counts), 528, 264), dtypes.BF16, seed=6)
         for ck in (3, 4):
             for epi in (None, "swiglu"):
-                grouped_gemm(a, b, off, epilogue=epi, config=dataclasses.replace(gemm_configs.TMA_128_KSPLIT,
-                                                                                  cluster_k=ck))
+                for base in (gemm_configs.TMA_128_KSPLIT, *gemm_configs.TMA_64):
+                    grouped_gemm(a, b, off, epilogue=epi, config=dataclasses.replace(base, cluster_k=ck))
+        # one group of all rows (offsets=None: the tma tiles read no offsets, the others an array the call keeps)
+        a, b = a[:300], b[:1]
+        for cfg in (*gemm_configs.TMA_64, gemm_configs.TMA_128[0], dataclasses.replace(gemm_configs.TMA_64[0],
+                                                                                         cluster_k=2),
+                    dataclasses.replace(gemm_configs.TMA_128[0], split_k=2), gemm_configs.MEDIUM[0]):
+            for epi in (None, "swiglu"):
+                grouped_gemm(a, b, None, epilogue=epi, config=cfg)
 
 
 def skinny_cases():

@@ -407,10 +407,14 @@ moe_grouped_gemm_wgmma(const T* __restrict__ a, const T* __restrict__ b, TO* __r
 //     each stage (A: 64 x 128 box of the [rows, K] map, B: 64 x BN box of the [experts * N, K] map, both with the
 //     128-byte swizzle, so the stage is already wgmma's K-major layout) after waiting until the consumers freed it
 //     (empty barrier) and announcing its bytes on the stage's full barrier;
-//   warpgroups 1 and 2, the consumers (setmaxnreg 232): each owns 64 rows of the 128 x BN tile (BN 256 or 128),
-//     waits on the full barrier, issues 4 wgmma m64nBNk16 per stage, keeps one wgmma group in flight, and releases the previous
-//     stage (one arrival per consumer warpgroup in each CTA of the cluster: the empty barriers count 2 CM).
+//   warpgroups 1 and 2, the consumers (setmaxnreg 232): each owns 64 rows of the 128 x BN tile (BN 256 or 128);
+//     or one consumer warpgroup (CW = 1, 256 threads, no register hand-over) owning a 64 x BN tile (BN 128 or 64):
+//     the narrow tiles of a 128-token GEMM, whose weights then stream through two to four times the SMs. A
+//     consumer waits on the full barrier, issues 4 wgmma m64nBNk16 per stage, keeps one wgmma group in flight, and
+//     releases the previous stage (one arrival per consumer warpgroup in each CTA of the cluster: the empty
+//     barriers count CW CM).
 // Work: the CTA takes work items blockIdx.x, blockIdx.x + gridDim.x, ... (grid = the SM count, or fewer items);
+// offsets == nullptr is one group of all `rows` rows (a dense GEMM): the items follow from `rows`, no offsets read;
 // item u is split u % splits of tile u / splits (splits = 1 but where the planner splits K, see below); every
 // warp that needs the work item finds it with locate_tile (no shared state, no __syncthreads after the start), so
 // the producer runs ahead into the next tile while the consumers write the last one. The stage ring and its
@@ -441,41 +445,64 @@ moe_grouped_gemm_wgmma(const T* __restrict__ a, const T* __restrict__ b, TO* __r
 // warpgroup g of CTA r adds rows [r 64 / CK, (r + 1) 64 / CK) of the CK buffers g in rank order (deterministic),
 // applies the epilogue and row scale and stores them, and arrives on every counterpart's `freed` barrier, which
 // a warpgroup waits on before it writes its buffer for the next tile (the barriers' phases count the tiles).
-template <typename T, int STAGES, int EPI, int CM, int BN, int CK = 1>
+template <typename T, int STAGES, int EPI, int CM, int BN, int CK = 1, int CW = 2>
 __device__ __forceinline__ void grouped_gemm_tma(const tma::TensorMap& a_map, const tma::TensorMap& b_map,
                                                  const tma::TensorMap& out_map, T* __restrict__ out,
                                                  const int* __restrict__ offsets, const float* __restrict__ row_scale,
                                                  int experts, int N, int K, float* __restrict__ partial, int splits,
                                                  int rows) {
-    constexpr int BM = 128, BK = 64;
-    static_assert(BN == 128 || BN == 256, "128 or 256 columns per tile");
+    constexpr int BM = 64 * CW, BK = 64;  // CW consumer warpgroups, 64 rows each
+    static_assert(CW == 1 || CW == 2, "one or two consumer warpgroups");
+    static_assert(BN == 64 || BN == 128 || BN == 256, "64, 128 or 256 columns per tile");
+    static_assert(CW == 2 || BN <= 128, "64-row tiles take 64 or 128 columns");
     static_assert(CM == 1 || BN == 256, "clusters share 256-column tiles");
     constexpr int A_BYTES = BM * BK * 2, B_BYTES = BN * BK * 2, STAGE_BYTES = A_BYTES + B_BYTES;
     // per consumer warpgroup: the staging of 64 x 128 outputs, or with CK > 1 its 64 x 128 fp32 sums
     constexpr int EPI_BYTES = CK > 1 ? 64 * 128 * 4 : 64 * 128 * 2;
     static_assert(EPI == EPI_NONE || EPI == EPI_SWIGLU, "plain or SwiGLU epilogue");
     static_assert(CM == 1 || CM == 2, "clusters of 1 or 2 CTAs along M");
-    static_assert(CK == 1 || (CM == 1 && BN == 128 && CK <= 4), "clusters along K: 2-4 CTAs, 128-column tiles");
+    static_assert(CK == 1 || (CM == 1 && BN <= 128 && CK <= 4), "clusters along K: 2-4 CTAs, 64/128-column tiles");
     constexpr int CS = CM * CK;  // CTAs per cluster
 
     extern __shared__ __align__(1024) unsigned char smem_raw[];
     const unsigned raw0 = tma::smem_u32(smem_raw);
     const unsigned smem0 = (raw0 + 1023) & ~1023u;  // stages and staging buffers on the 1024-byte swizzle atom
     const unsigned epi0 = smem0 + STAGES * STAGE_BYTES;
-    const unsigned full0 = epi0 + 2 * EPI_BYTES, empty0 = full0 + 8 * STAGES;
+    const unsigned full0 = epi0 + CW * EPI_BYTES, empty0 = full0 + 8 * STAGES;
     const unsigned ready0 = empty0 + 8 * STAGES, freed0 = ready0 + 16;  // CK > 1: per consumer warpgroup
 
     const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31, wg = warp >> 2;
+    const int rank = CS > 1 ? (int)tma::cluster_rank() : 0;
+    const int mrank = CM > 1 ? rank : 0;  // the CTA's m-tile in its pair
+    // the work items: tiles, or with splits > 1 (no cluster along K) tile u / splits, split u % splits
+    const int ksplits = CK > 1 ? CK : splits;
+    auto item_tile = [&](int unit) { return CK > 1 ? unit : unit / splits; };
+    auto item_split = [&](int unit) { return CK > 1 ? rank : unit % splits; };
+    const int n_tiles = (N + BN - 1) / BN;
+    const int k_tiles = (K + BK - 1) / BK;
+    // One group of all rows (offsets == nullptr, the dense GEMM of a model's projections): the tiles follow from
+    // `rows` alone, no offsets read before the first load. Otherwise group e is rows [offsets[e], offsets[e + 1]).
+    const bool dense = offsets == nullptr;
+    auto group_lo = [&](int e) { return dense ? 0 : offsets[e]; };
+    auto group_hi = [&](int e) { return dense ? rows : offsets[e + 1]; };
+    auto locate = [&](int tile, int& e, int& mp, int& n_tile) {  // a whole warp calls it (locate_tile)
+        if (!dense) return locate_tile<BM * CM>(tile, offsets, experts, n_tiles, e, mp, n_tile);
+        const int m_tiles = (rows + BM * CM - 1) / (BM * CM);
+        if (tile >= m_tiles * n_tiles) return false;
+        e = 0;
+        raster(tile, m_tiles, n_tiles, mp, n_tile);
+        return true;
+    };
     if (tid == 0) {
         tma::prefetch_map(a_map);
         tma::prefetch_map(b_map);
         tma::prefetch_map(out_map);
         for (int s = 0; s < STAGES; ++s) {
             tma::mbar_init(full0 + 8 * s, 1);
-            tma::mbar_init(empty0 + 8 * s, 2 * CM);
+            tma::mbar_init(empty0 + 8 * s, CW * CM);
         }
         if constexpr (CK > 1)
-            for (int g = 0; g < 2; ++g) {
+            for (int g = 0; g < CW; ++g) {
                 tma::mbar_init(ready0 + 8 * g, CK);
                 tma::mbar_init(freed0 + 8 * g, CK);
             }
@@ -484,37 +511,27 @@ __device__ __forceinline__ void grouped_gemm_tma(const tma::TensorMap& a_map, co
     if constexpr (CS > 1) tma::cluster_sync();  // the peers' barriers are initialised before any remote use
     else __syncthreads();
     pdl::wait();  // set up: from here on the previous kernel's outputs are read and ours written
-    const int rank = CS > 1 ? (int)tma::cluster_rank() : 0;
-    const int mrank = CM > 1 ? rank : 0;  // the CTA's m-tile in its pair
-    // the work items: tiles, or with splits > 1 (no cluster along K) tile u / splits, split u % splits
-    const int ksplits = CK > 1 ? CK : splits;
-    auto item_tile = [&](int unit) { return CK > 1 ? unit : unit / splits; };
-    auto item_split = [&](int unit) { return CK > 1 ? rank : unit % splits; };
     // The next kernel may be scheduled once every CTA starts its last work item (pdl.cuh): a CTA with one item (a
     // small GEMM) lets it in at once, a persistent CTA of a large one only for its last tile. Triggered at the
     // start, the next kernel slowed the large GEMMs by ~16 % (H100, large model b8: 358 -> 400 ms).
     bool triggered = false;
     auto trigger_if_last = [&](int unit) {  // a whole warp calls it (locate_tile)
         int e2, m2, n2;
-        if (!triggered && !locate_tile<BM * CM>(item_tile(unit + gridDim.x / CS), offsets, experts,
-                                                (N + BN - 1) / BN, e2, m2, n2)) {
+        if (!triggered && !locate(item_tile(unit + gridDim.x / CS), e2, m2, n2)) {
             pdl::launch_dependents();
             triggered = true;
         }
     };
 
-    const int n_tiles = (N + BN - 1) / BN;
-    const int k_tiles = (K + BK - 1) / BK;
-
     if (wg == 0) {  // ---------------------------------------------------------------- producer
-        ws::regs_dec<40>();
+        if constexpr (CW == 2) ws::regs_dec<40>();  // one consumer warpgroup has registers enough
         if (warp == 0) {
             int it = 0, e, mp, n_tile;
             for (int unit = blockIdx.x / CS;
-                 locate_tile<BM * CM>(item_tile(unit), offsets, experts, n_tiles, e, mp, n_tile);
+                 locate(item_tile(unit), e, mp, n_tile);
                  unit += gridDim.x / CS) {
                 trigger_if_last(unit);
-                const int row0 = offsets[e] + (mp * CM + mrank) * BM;
+                const int row0 = group_lo(e) + (mp * CM + mrank) * BM;
                 const int brow0 = e * N + n_tile * BN;
                 const int ks = item_split(unit), kt_lo = ks * k_tiles / ksplits;
                 const int kt_hi = (ks + 1) * k_tiles / ksplits;
@@ -537,7 +554,7 @@ __device__ __forceinline__ void grouped_gemm_tma(const tma::TensorMap& a_map, co
         }
     } else {
         // -------------------------------------------------------------------- consumers
-        ws::regs_inc<232>();
+        if constexpr (CW == 2) ws::regs_inc<232>();
         const int g = wg - 1;            // which 64 rows of the tile
         const int tg = tid - 128 * wg;   // thread index in the warpgroup
         const unsigned ebuf = epi0 + g * EPI_BYTES;
@@ -551,7 +568,7 @@ __device__ __forceinline__ void grouped_gemm_tma(const tma::TensorMap& a_map, co
         };
         int summed = 0;  // CK > 1: tiles this warpgroup added through the cluster (the barriers' phase)
         for (int unit = blockIdx.x / CS;
-             locate_tile<BM * CM>(item_tile(unit), offsets, experts, n_tiles, e, mp, n_tile);
+             locate(item_tile(unit), e, mp, n_tile);
              unit += gridDim.x / CS) {
             trigger_if_last(unit);
             const int m_tile = mp * CM + mrank;
@@ -576,8 +593,8 @@ __device__ __forceinline__ void grouped_gemm_tma(const tma::TensorMap& a_map, co
             release((it - 1) % STAGES);
 
             // ---- epilogue: fragments -> swizzled staging (activation, row scale, conversion) -> 16-byte row stores
-            const int row0 = offsets[e] + m_tile * BM + 64 * g;
-            const int rows_here = min(64, offsets[e + 1] - row0);
+            const int row0 = group_lo(e) + m_tile * BM + 64 * g;
+            const int rows_here = min(64, group_hi(e) - row0);
             if (rows_here <= 0) continue;  // the whole warpgroup takes the same branch
             const int r_frag = 16 * (warp & 3) + (lane >> 2), q = lane & 3;
             if constexpr (CK > 1) {  // the cluster adds the CK sums of the tile through distributed shared memory
@@ -599,17 +616,18 @@ __device__ __forceinline__ void grouped_gemm_tma(const tma::TensorMap& a_map, co
                 ws::bar_sync(1 + g, 128);
                 if (tg < CK) tma::mbar_arrive_cluster(ready, tg);  // this CTA's sums are in: tell every reader
                 tma::mbar_wait_cluster(ready, summed & 1);         // ... and wait for the peers'
-                // rows [r_lo, r_hi) of the tile are this warpgroup's: 32 chunks of 4 sums per row, ITERS per thread;
-                // every chunk's CK loads are issued before any is added (the remote loads' latency overlaps), then
-                // added in rank order
-                constexpr int ITERS = ((64 + CK - 1) / CK * 32 + 127) / 128;
+                // rows [r_lo, r_hi) of the tile are this warpgroup's: CPR chunks of 4 sums per row, ITERS per
+                // thread; every chunk's CK loads are issued before any is added (the remote loads' latency
+                // overlaps), then added in rank order
+                constexpr int CPR = BN / 4;
+                constexpr int ITERS = ((64 + CK - 1) / CK * CPR + 127) / 128;
                 const int r_lo = rank * 64 / CK, r_hi = min((rank + 1) * 64 / CK, rows_here);
                 const int n_out = EPI == EPI_SWIGLU ? N / 2 : N;
                 float4 v[ITERS][CK];
                 bool live[ITERS];
 #pragma unroll
                 for (int i = 0; i < ITERS; ++i) {
-                    const int idx = tg + 128 * i, r = r_lo + idx / 32, c = 4 * (idx % 32);
+                    const int idx = tg + 128 * i, r = r_lo + idx / CPR, c = 4 * (idx % CPR);
                     live[i] = r < r_hi && n_tile * BN + c < N;
                     if (live[i])
 #pragma unroll
@@ -618,7 +636,7 @@ __device__ __forceinline__ void grouped_gemm_tma(const tma::TensorMap& a_map, co
 #pragma unroll
                 for (int i = 0; i < ITERS; ++i) {
                     if (!live[i]) continue;
-                    const int idx = tg + 128 * i, r = r_lo + idx / 32, c = 4 * (idx % 32);
+                    const int idx = tg + 128 * i, r = r_lo + idx / CPR, c = 4 * (idx % CPR);
                     float4 t = v[i][0];
 #pragma unroll
                     for (int s = 1; s < CK; ++s) {
@@ -666,12 +684,14 @@ __device__ __forceinline__ void grouped_gemm_tma(const tma::TensorMap& a_map, co
             auto staged = [&](int r, int c) {
                 return ebuf + (c >> 6) * 8192 + r * 128 + ((((c & 63) >> 3) ^ (r & 7)) << 4) + (c & 7) * 2;
             };
-            // passes of at most 128 output columns: SwiGLU one (BN / 2 outputs), plain BN / 128
-            constexpr int PASSES = EPI == EPI_SWIGLU ? 1 : BN / 128;
+            // passes of at most 128 output columns: SwiGLU one (BN / 2 outputs), plain BN / 128 (or one)
+            constexpr int PASSES = EPI == EPI_SWIGLU || BN < 128 ? 1 : BN / 128;
             constexpr int FRAGS = BN / 8 / PASSES;             // 8-column fragments per pass
-            constexpr int PASS_COLS = EPI == EPI_SWIGLU ? BN / 2 : 128;  // output columns per pass
+            constexpr int PASS_COLS = EPI == EPI_SWIGLU ? BN / 2 : BN / PASSES;  // output columns per pass
             constexpr int CHUNKS = PASS_COLS / 8;              // 16-byte chunks per staged row
-            const bool whole = rows_here == 64;  // whole 64-row slabs leave by TMA store (clipped at N)
+            // whole 64-row slabs leave by TMA store (clipped at N) in 64-column boxes; a 32-column pass (SwiGLU
+            // on a 64-column tile) by row stores
+            const bool whole = rows_here == 64 && PASS_COLS >= 64;
 #pragma unroll
             for (int p = 0; p < PASSES; ++p) {
                 if (tg == 0) tma::store_wait_read();  // the last stores from this buffer have read it
@@ -711,7 +731,7 @@ __device__ __forceinline__ void grouped_gemm_tma(const tma::TensorMap& a_map, co
                 }
                 ws::bar_sync(1 + g, 128);
 #pragma unroll
-                for (int i = 0; i < 64 * CHUNKS / 128; ++i) {
+                for (int i = 0; i < (64 * CHUNKS + 127) / 128; ++i) {
                     const int idx = tg + 128 * i, r = idx / CHUNKS, ch = idx % CHUNKS;
                     if (r < rows_here && col0 + ch * 8 < n_out) {
                         const unsigned addr = staged(r, ch * 8);
@@ -730,14 +750,16 @@ __device__ __forceinline__ void grouped_gemm_tma(const tma::TensorMap& a_map, co
 
 // The kernels: one CTA per work item, or clusters of two along M (the cluster shape is a compile-time attribute
 // of the pair kernel only; a single-CTA kernel carries none).
-template <typename T, int STAGES, int EPI, int BN>
-__global__ void __launch_bounds__(384, 1)
+// BM 128 (two consumer warpgroups, 384 threads) or 64 (one, 256 threads: the narrow tiles of 128-token GEMMs,
+// which put twice the CTAs on a weight-streaming problem).
+template <typename T, int STAGES, int EPI, int BN, int BM = 128>
+__global__ void __launch_bounds__(128 + 2 * BM, 1)
 moe_grouped_gemm_tma(const __grid_constant__ tma::TensorMap a_map, const __grid_constant__ tma::TensorMap b_map,
                      const __grid_constant__ tma::TensorMap out_map, T* __restrict__ out,
                      const int* __restrict__ offsets, const float* __restrict__ row_scale, int experts, int N, int K,
                      float* __restrict__ partial, int splits, int rows) {
-    grouped_gemm_tma<T, STAGES, EPI, 1, BN>(a_map, b_map, out_map, out, offsets, row_scale, experts, N, K, partial,
-                                            splits, rows);
+    grouped_gemm_tma<T, STAGES, EPI, 1, BN, 1, BM / 64>(a_map, b_map, out_map, out, offsets, row_scale, experts, N,
+                                                         K, partial, splits, rows);
 }
 
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ < 900
@@ -756,17 +778,18 @@ moe_grouped_gemm_tma_pair(const __grid_constant__ tma::TensorMap a_map, const __
                                              rows);
 }
 
-// Clusters of CK CTAs splitting each 128 x 128 tile's K range, their sums added through distributed shared memory
-// (no partial sums in global memory, no reduce launch; out_map and partial are not used).
-template <typename T, int STAGES, int EPI, int CK>
-__global__ void __launch_bounds__(384, 1) CLUSTER_OF(CK)
+// Clusters of CK CTAs splitting each BM x BN tile's K range (128 x 128, or 64 x 64 / 64 x 128), their sums added
+// through distributed shared memory (no partial sums in global memory, no reduce launch; out_map and partial are
+// not used).
+template <typename T, int STAGES, int EPI, int CK, int BN = 128, int BM = 128>
+__global__ void __launch_bounds__(128 + 2 * BM, 1) CLUSTER_OF(CK)
 moe_grouped_gemm_tma_ksplit(const __grid_constant__ tma::TensorMap a_map,
                             const __grid_constant__ tma::TensorMap b_map,
                             const __grid_constant__ tma::TensorMap out_map, T* __restrict__ out,
                             const int* __restrict__ offsets, const float* __restrict__ row_scale, int experts, int N,
                             int K, float* __restrict__ partial, int splits, int rows) {
-    grouped_gemm_tma<T, STAGES, EPI, 1, 128, CK>(a_map, b_map, out_map, out, offsets, row_scale, experts, N, K,
-                                                 partial, 1, rows);
+    grouped_gemm_tma<T, STAGES, EPI, 1, BN, CK, BM / 64>(a_map, b_map, out_map, out, offsets, row_scale, experts, N,
+                                                         K, partial, 1, rows);
 }
 
 // Split K (moe_grouped_gemm_tma with splits > 1): split s of a tile summed k tiles [s K_t / S, (s + 1) K_t / S)
@@ -780,7 +803,7 @@ moe_splitk_reduce(const float* __restrict__ partial, T* __restrict__ out, const 
     static_assert(EPI == EPI_NONE || EPI == EPI_SWIGLU, "plain or SwiGLU epilogue");
     constexpr int IN = EPI == EPI_SWIGLU ? 16 : 8;  // partial columns per 8 outputs
     pdl::enter();
-    const int lo = offsets[0], hi = offsets[experts];
+    const int lo = offsets != nullptr ? offsets[0] : 0, hi = offsets != nullptr ? offsets[experts] : rows;  // null: dense
     const int n_out = EPI == EPI_SWIGLU ? N / 2 : N, chunks = n_out / 8;
     const size_t split_stride = (size_t)rows * N;
     const int c = blockIdx.x * blockDim.x + threadIdx.x;  // grid: x over a row's chunks, y strides the rows
