@@ -1,6 +1,7 @@
 """The decoder-only transformer of ``models.configs``, three ways over one set of weights (torch CUDA tensors):
 
-- ``OursModel``: RMSNorm (fused with the residual add) and rotary from kernels/norm_rope.cu, the projections and
+- ``OursModel``: RMSNorm (fused with the residual add) and rotary from kernels/norm_rope.cu (rotary inside the QKV
+  projection's epilogue where the sm_90a tma tiles run), the projections and
   the dense SwiGLU FFN through ``moe.grouped_gemm`` as one group (``offsets=None``: no offsets read on the GPU
   before the first loads; the gate/up projection
   with the SwiGLU epilogue on interleaved gate/up rows), attention through ``attention.flash_attention`` (causal,
@@ -31,6 +32,7 @@ import math
 
 from attention import flash_attention
 from moe import MoELayer, grouped_gemm
+from moe.grouped_gemm import rotary_unavailable
 
 from .configs import ModelConfig
 from .norm_rope import rms_norm, rotary_, rotary_tables
@@ -118,6 +120,8 @@ class OursModel(_Model):
 
     def __init__(self, cfg: ModelConfig, weights: Weights):
         super().__init__(cfg, weights)
+        # rotary in the QKV projection's epilogue where the tma tiles run (sm_90a), else its own kernel
+        self._fused_rotary = rotary_unavailable() is None and cfg.head_dim in (64, 128, 256)
         self._moe = None
         if cfg.ffn == "moe":
             self._moe = [MoELayer(lw.router, lw.w_gate_up, lw.w_down, cfg.top_k) for lw in weights.layers]
@@ -137,9 +141,13 @@ class OursModel(_Model):
                 h = (rms_norm(resid, lw.attn_norm, eps=eps) if delta is None
                      else rms_norm(delta, lw.attn_norm, eps=eps, residual=resid))
             with probe("proj"):
-                qkv = grouped_gemm(h, lw.w_qkv, off)
-            with probe("rest"):
-                rotary_(qkv.view(tokens, nh, d), cos, sin, seq=seq, rot_heads=heads + kv)
+                if self._fused_rotary:  # q and k rotated in the projection's epilogue
+                    qkv = grouped_gemm(h, lw.w_qkv, off, rotary=(cos, sin, (heads + kv) * d))
+                else:
+                    qkv = grouped_gemm(h, lw.w_qkv, off)
+            if not self._fused_rotary:
+                with probe("rest"):
+                    rotary_(qkv.view(tokens, nh, d), cos, sin, seq=seq, rot_heads=heads + kv)
             q4 = qkv.view(batch, seq, nh, d)
             with probe("attention"):
                 o = flash_attention(q4[:, :, :heads], q4[:, :, heads:heads + kv], q4[:, :, heads + kv:], causal=True)

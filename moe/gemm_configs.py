@@ -18,7 +18,9 @@ from pathlib import Path
 from cukernels import dtypes, tiling, tune
 from cukernels.device import DeviceSpec
 
-EPILOGUES = {None: 0, "swiglu": 1, "gelu": 2}
+EPILOGUES = {None: 0, "swiglu": 1, "gelu": 2, "rope64": 3, "rope128": 4, "rope256": 5}
+# rotary embedding on the leading output columns (``grouped_gemm(rotary=...)``), by head dim: tma tiles only
+ROPE = {64: "rope64", 128: "rope128", 256: "rope256"}
 # stages of (block_m + block_n) x 64 that fit beside the staging buffers, by (block_m, block_n); with clusters
 # along K, whose fp32 sums take more room than the staging
 TMA_MAX_STAGES = {(128, 256): 4, (128, 128): 6, (64, 128): 8, (64, 64): 8}
@@ -150,8 +152,12 @@ class GemmConfig:
 
     def epilogues(self) -> tuple:
         """Epilogues this tile is built with. The wgmma tile's 128 accumulators per thread leave no registers for
-        erf's polynomial unrolled over 32 column groups (GELU spilled), so GELU stays on the mma.sync tiles."""
-        return (None, "swiglu") if self.kind in ("wgmma", "tma") else tuple(EPILOGUES)
+        erf's polynomial unrolled over 32 column groups (GELU spilled), so GELU stays on the mma.sync tiles. The
+        rotary epilogues run on tma tiles without splits or clusters whose columns hold whole heads."""
+        if self.kind == "tma":
+            whole = self.split_k == 1 and self.cluster_k == 1 and self.cluster_m == 1
+            return (None, "swiglu") + tuple(e for hd, e in ROPE.items() if whole and self.block_n % hd == 0)
+        return (None, "swiglu") if self.kind == "wgmma" else (None, "swiglu", "gelu")
 
     def smem_bytes(self) -> int:
         """The pipeline buffers (the epilogue's staging tile reuses them) and 16 bytes for the work item; wgmma
@@ -173,6 +179,8 @@ class GemmConfig:
         if epilogue not in EPILOGUES:
             raise ValueError(f"epilogue must be one of {list(EPILOGUES)}, got {epilogue!r}")
         out_c = dtypes.ctype(dtype if out_dtype is None else out_dtype)
+        if epilogue not in self.epilogues():
+            raise ValueError(f"{self} has no {epilogue} epilogue (it has {list(self.epilogues())})")
         if self.kind == "tma":
             if out_c != dtypes.ctype(dtype):
                 raise ValueError(f"a tma tile writes its input dtype, got out_dtype {out_dtype}")
@@ -332,14 +340,23 @@ def plan(problem: GemmProblem, spec: DeviceSpec) -> tiling.Plan:
         tuned = tiling.override(spec, OP, _config_from)
     if tuned is not None:
         return tuned
-    skinny = plan_skinny(problem, spec)
+    rope = problem.epilogue in ROPE.values()
+    if rope and (spec.arch != "sm_90a" or _tma_unusable(problem) is not None):
+        why = _tma_unusable(problem) if spec.arch == "sm_90a" else f"{spec.name} is {spec.arch}"
+        raise tiling.PlanError(f"the rotary epilogue ({problem.epilogue}) runs on the sm_90a tma tiles only: {why}")
+    skinny = None if rope else plan_skinny(problem, spec)
     if skinny is not None:
         return skinny
-    if spec.arch == "sm_90a" and problem.epilogue in (None, "swiglu") and _tma_unusable(problem) is None:
+    if spec.arch == "sm_90a" and (problem.epilogue in (None, "swiglu") or rope) and _tma_unusable(problem) is None:
         ranked = tma_ranked(problem, spec)
         why = (f"tma tile of least estimated time ({ranked[0][1]:.1f} us: waves of work items, the weights' bytes, "
                f"split-K's partial sums)")
-        return tiling.choose([c for c, _ in ranked] + list(LARGE_NO_TMA), spec, reason=why)
+        fitting = [c for c, _ in ranked if problem.epilogue in c.epilogues()]
+        if rope:  # whole heads in a tile, no split: the fastest such tile, else a 128 x 256 tile
+            fitting = fitting or [TMA[0]]
+            why += f"; whole {problem.epilogue[4:]}-column heads per tile, no split"
+        return tiling.choose(fitting + [c for c in LARGE_NO_TMA if problem.epilogue in c.epilogues()], spec,
+                             reason=why)
     n = problem.n
     est_m_tiles = max(1, problem.rows // 128) + min(problem.experts, max(problem.rows, 1)) // 2
     large_ctas = est_m_tiles * -(-n // 256)
@@ -487,7 +504,8 @@ def narrow_one_wave(problem: GemmProblem, spec: DeviceSpec) -> GemmConfig | None
     if min(problem.experts, max(problem.rows, 1)) != 1 or -(-problem.k // 64) > TMA_64_MAX_K_TILES:
         return None
     for cfg in sorted(TMA_64, key=lambda c: c.block_n):
-        if cfg.work_items(problem, exact_one_group=True) <= spec.sm_count and tiling.fits(cfg, spec) is None:
+        if (cfg.work_items(problem, exact_one_group=True) <= spec.sm_count and problem.epilogue in cfg.epilogues()
+                and tiling.fits(cfg, spec) is None):
             return cfg
     return None
 
@@ -520,7 +538,7 @@ def variants(spec: DeviceSpec) -> list[GemmConfig]:
     """Every config the planner can return on ``spec`` (the first fitting one of each preference list)."""
     check_arch(spec)
     out = []
-    for epilogue in EPILOGUES:
+    for epilogue in (None, "swiglu", "gelu"):  # the rotary epilogues run on the same tma tiles
         for candidates in (LARGE_ORDER, LARGE_NO_TMA, MEDIUM + SMALL, TMA_128 + LARGE_NO_TMA):
             fitting = [c for c in _for_device(candidates, spec) if epilogue in c.epilogues()]
             cfg = tiling.choose(fitting, spec, reason="").config

@@ -19,6 +19,11 @@ Contract:
 - ``row_scale``: float32 ``[rows]``, multiplies each output row after the epilogue (the routing weight of the
   down projection).
 - ``out_dtype``: ``None`` (a's dtype) or ``numpy.float32`` (plain GEMM only: fp32 results, e.g. router logits).
+- ``rotary``: ``(cos, sin, cols)``, with ``offsets=None`` and no ``epilogue`` (sm_90a tma tiles): rotary embedding
+  (neox halves) on output columns ``[0, cols)``, heads of ``2 * cos.shape[1]`` columns (64, 128 or 256), row r at
+  position ``r % cos.shape[0]`` (a batch of sequences of that many tokens); ``cos``/``sin`` float32 ``[seq, head_dim
+  / 2]`` (``models.norm_rope.rotary_tables``). The fused QKV projection of a model, rotated in registers before
+  its output is written: no second pass over q and k.
 
 On sm_90a a tma tile may split each output tile's K range over several work items (weight-bound problems with
 few tiles, ``gemm_configs.tma_ranked``): on 128 x 128 tiles whose clusters fit at once, the CTAs of a cluster
@@ -45,10 +50,39 @@ SPLIT_KEEP_BYTES = 64 << 20  # a split-K call keeps partial-sum scratch up to th
 _DTYPES = (dtypes.FP16, dtypes.BF16)
 
 
-def validate(a, b, offsets, *, epilogue=None, row_scale=None, out_dtype=None) -> gemm_configs.GemmProblem:
+PUBLIC_EPILOGUES = (None, "swiglu", "gelu")  # the rotary epilogues come with ``rotary=``
+
+
+def _validate_rotary(rotary, offsets, epilogue, n: int) -> str:
+    """The rotary epilogue's name (``rope<head dim>``) after checking ``rotary = (cos, sin, cols)``."""
+    if not (isinstance(rotary, tuple) and len(rotary) == 3):
+        got = f"a tuple of {len(rotary)}" if isinstance(rotary, tuple) else type(rotary).__name__
+        raise ValueError(f"rotary must be a tuple (cos, sin, cols), got {got}")
+    cos, sin, cols = rotary
+    if epilogue is not None:
+        raise ValueError(f"rotary is an epilogue of its own: epilogue must be None, got {epilogue!r}")
+    if offsets is not None:
+        raise ValueError("rotary needs offsets=None (one group of all rows: row r is a token at position r % seq)")
+    for name, t in (("rotary cos", cos), ("rotary sin", sin)):
+        if len(getattr(t, "shape", ())) != 2 or dtypes.storage(t) != np.float32 or not dtypes.is_c_contiguous(t):
+            raise ValueError(f"{name} must be a C-contiguous float32 [seq, head_dim / 2] table, got "
+                             f"{dtypes.text(t) if hasattr(t, 'dtype') else type(t).__name__} of shape "
+                             f"{tuple(getattr(t, 'shape', ()))}")
+    if tuple(cos.shape) != tuple(sin.shape) or int(cos.shape[0]) < 1:
+        raise ValueError(f"rotary cos and sin must have one shape [seq >= 1, head_dim / 2], got {tuple(cos.shape)} "
+                         f"and {tuple(sin.shape)}")
+    hd = 2 * int(cos.shape[1])
+    if hd not in gemm_configs.ROPE:
+        raise ValueError(f"rotary head dim 2 * cos.shape[1] = {hd}: must be one of {list(gemm_configs.ROPE)}")
+    if not isinstance(cols, (int, np.integer)) or cols < hd or cols % hd or cols > n:
+        raise ValueError(f"rotary cols = {cols!r}: must be a positive multiple of the head dim {hd}, at most N = {n}")
+    return gemm_configs.ROPE[hd]
+
+
+def validate(a, b, offsets, *, epilogue=None, row_scale=None, out_dtype=None, rotary=None) -> gemm_configs.GemmProblem:
     """Check shapes, dtypes and layout from the arrays' attributes alone (no GPU needed); return the problem."""
-    if epilogue not in gemm_configs.EPILOGUES:
-        raise ValueError(f"epilogue must be one of {list(gemm_configs.EPILOGUES)}, got {epilogue!r}")
+    if epilogue not in PUBLIC_EPILOGUES:
+        raise ValueError(f"epilogue must be one of {list(PUBLIC_EPILOGUES)}, got {epilogue!r}")
     if out_dtype is not None and np.dtype(out_dtype) not in (np.dtype(np.float32), dtypes.storage(a)):
         raise TypeError(f"out_dtype must be None, float32 or a's dtype {dtypes.text(a)}, got {np.dtype(out_dtype)}")
     fp32_out = out_dtype is not None and np.dtype(out_dtype) == np.float32
@@ -101,6 +135,10 @@ def validate(a, b, offsets, *, epilogue=None, row_scale=None, out_dtype=None) ->
     for name, x in (("a", a), ("b", b), ("offsets", offsets), ("row_scale", row_scale)):
         if x is not None and not dtypes.is_c_contiguous(x):
             raise ValueError(f"{name} must be C-contiguous, got a strided view of shape {tuple(x.shape)}")
+    if rotary is not None:
+        if fp32_out:
+            raise ValueError("rotary writes a's dtype: out_dtype must be None")
+        epilogue = _validate_rotary(rotary, offsets, epilogue, n)
     return gemm_configs.GemmProblem(rows=rows, n=n, k=k, experts=experts, dtype=dtypes.dtype_name(dtypes.storage(a)),
                                     epilogue=epilogue, out_dtype="fp32" if fp32_out else None)
 
@@ -114,7 +152,7 @@ class GemmCall:
     sixth pointer of ``enqueue`` (the sorted slots), and ``a`` is the tokens, not the gathered rows."""
 
     def __init__(self, problem: gemm_configs.GemmProblem, config, dtype: np.dtype, frame, gather: int = 0,
-                 dense: bool = False):
+                 dense: bool = False, rope: tuple[int, int] = (1, 0)):
         import cupy
 
         self.frame, self.dense_offsets = frame, None
@@ -168,6 +206,8 @@ class GemmCall:
             splits = config.split_k if config.kind == "tma" else 1
             if config.kind == "tma":  # 6: the split sums [splits, rows, N] fp32 (unused without a split)
                 args += (P(6), np.int32(splits), np.int32(problem.rows))
+                if config.cluster_size == 1:  # 7, 8: the rotary tables (0: none), their rows, the rotated columns
+                    args += (P(7), P(8), np.int32(rope[0]), np.int32(rope[1]))
             grid = config.grid(problem, launch.spec().sm_count, clusters)
             if config.kind == "skinny":  # persistent: what the GPU holds at once, striding over the items
                 grid = min(grid, kern.blocks_per_sm(config.threads, config.smem_bytes()) * launch.spec().sm_count)
@@ -186,70 +226,95 @@ class GemmCall:
                     (P(6), P(2), P(3), P(4), np.int32(problem.experts), np.int32(problem.n), np.int32(splits),
                      np.int32(problem.rows)), pdl=True)
 
-    def enqueue(self, stream: int, pa: int, pb: int, pout: int, poffsets: int, pscale: int, pindex: int = 0) -> None:
+    def enqueue(self, stream: int, pa: int, pb: int, pout: int, poffsets: int, pscale: int, pindex: int = 0,
+                pcos: int = 0, psin: int = 0) -> None:
         if self.empty:
             return
         if self.dense_offsets is not None:
             poffsets = self.dense_offsets.data.ptr
         if self.reduce is None:
-            self.launcher.launch(stream, (pa, pb, pout, poffsets, pscale, pindex, 0))
+            self.launcher.launch(stream, (pa, pb, pout, poffsets, pscale, pindex, 0, pcos, psin))
             return
         # split K: the partial sums live in scratch that the reduce reads in stream order; kept for the next call
         # on this stream (split K is planned for few rows: a few MiB), fresh under graph capture (the graph's)
         owner, pws = self.split_sums.take(self.frame, stream)
-        ptrs = (pa, pb, pout, poffsets, pscale, pindex, pws)
+        ptrs = (pa, pb, pout, poffsets, pscale, pindex, pws, 0, 0)
         self.launcher.launch(stream, ptrs)
         self.reduce.launch(stream, ptrs)  # owner (a local) holds the scratch until both are enqueued
 
-    def __call__(self, pa: int, pb: int, poffsets: int, pscale: int):
+    def __call__(self, pa: int, pb: int, poffsets: int, pscale: int, pcos: int = 0, psin: int = 0):
         f = self.frame
         out, pout = f.empty(self.out_shape, self.out_dtype)
-        self.enqueue(f.stream(), pa, pb, pout, poffsets, pscale)
+        self.enqueue(f.stream(), pa, pb, pout, poffsets, pscale, 0, pcos, psin)
         return out
 
 
 _GEMM = _launch.Cache("moe.grouped_gemm")
 
 
-def _validated(a, b, offsets, epilogue, row_scale, out_dtype, config) -> GemmCall:
+def _validated(a, b, offsets, epilogue, row_scale, out_dtype, config, rotary=None) -> GemmCall:
     """The slow path of a call: every check (torch tensors are read through CuPy views for it), then the call."""
-    named = (("a", a), ("b", b), ("offsets", offsets), ("row_scale", row_scale))
+    cos, sin = rotary[:2] if isinstance(rotary, tuple) and len(rotary) == 3 else (None, None)
+    named = (("a", a), ("b", b), ("offsets", offsets), ("row_scale", row_scale), ("rotary cos", cos),
+             ("rotary sin", sin))
     for name, x in named:
         if x is not None and _launch.view(x) is None:
             raise TypeError(f"{name} must be a cupy.ndarray or a torch CUDA tensor, got {type(x).__name__}"
                             + (" on the host" if hasattr(x, "shape") else ""))
-    problem = validate(a, b, offsets, epilogue=epilogue, row_scale=row_scale, out_dtype=out_dtype)
+    problem = validate(a, b, offsets, epilogue=epilogue, row_scale=row_scale, out_dtype=out_dtype, rotary=rotary)
     devs = {_launch.view(x)[0][4] for _, x in named if x is not None}
     if len(devs) != 1:
-        raise ValueError(f"a, b, offsets (and row_scale) must be on one device, got devices {sorted(devs)}")
+        raise ValueError(f"a, b, offsets (and row_scale, rotary) must be on one device, got devices {sorted(devs)}")
     frame = _launch.frame(_launch.is_torch(a), devs.pop())
-    return GemmCall(problem, config, dtypes.storage(a), frame, dense=offsets is None)
+    rope = (int(cos.shape[0]), int(rotary[2])) if rotary is not None else (1, 0)
+    return GemmCall(problem, config, dtypes.storage(a), frame, dense=offsets is None, rope=rope)
 
 
 _NO_OFFSETS = (None, 0)  # offsets=None: its view (no key, a null pointer)
 
 
-def grouped_gemm(a, b, offsets, *, epilogue: str | None = None, row_scale=None, out_dtype=None, config=None):
+def rotary_unavailable(spec=None) -> str | None:
+    """Why ``grouped_gemm(rotary=...)`` cannot run on ``spec`` (default: the current device); None when it can."""
+    from cukernels import device, tma
+
+    spec = spec or device.current()
+    if spec.arch != "sm_90a":
+        return f"the rotary epilogue runs on the sm_90a tma tiles; {spec.name} is {spec.arch}"
+    return tma.available()
+
+
+def grouped_gemm(a, b, offsets, *, epilogue: str | None = None, row_scale=None, out_dtype=None, config=None,
+                 rotary=None):
     """Per-expert ``epilogue(a[group e] @ b[e].T) * row_scale`` (see the module doc; ``offsets=None``: one group
-    of all rows). ``config``: a ``gemm_configs.GemmConfig`` to use instead of the planner's choice (benchmarks),
-    checked against the device. The output is a new array like ``a`` (CuPy, or torch on torch's current stream)."""
+    of all rows; ``rotary=(cos, sin, cols)``: rotary embedding on the leading columns). ``config``: a
+    ``gemm_configs.GemmConfig`` to use instead of the planner's choice (benchmarks), checked against the device.
+    The output is a new array like ``a`` (CuPy, or torch on torch's current stream)."""
     va, vb = _launch.view(a), _launch.view(b)
     vo = _NO_OFFSETS if offsets is None else _launch.view(offsets)
     vs = None if row_scale is None else _launch.view(row_scale)
-    if config is None and None not in (va, vb, vo) and (row_scale is None or vs is not None):
+    vc = vn = _NO_OFFSETS
+    if rotary is not None and isinstance(rotary, tuple) and len(rotary) == 3:
+        vc, vn = _launch.view(rotary[0]), _launch.view(rotary[1])
+    if (config is None and None not in (va, vb, vo, vc, vn) and (row_scale is None or vs is not None)
+            and (rotary is None or vc[0] is not None)):
         key = (va[0], vb[0], vo[0], None if vs is None else vs[0], epilogue,
-               None if out_dtype is None else np.dtype(out_dtype))
+               None if out_dtype is None else np.dtype(out_dtype), vc[0], vn[0],
+               None if rotary is None else rotary[2])
         call = _GEMM.get(key)
         if call is None:
-            call = _GEMM.put(key, _validated(a, b, offsets, epilogue, row_scale, out_dtype, None))
+            call = _GEMM.put(key, _validated(a, b, offsets, epilogue, row_scale, out_dtype, None, rotary))
     else:
-        call = _validated(a, b, offsets, epilogue, row_scale, out_dtype, config)
+        call = _validated(a, b, offsets, epilogue, row_scale, out_dtype, config, rotary)
         va, vb = _launch.view(a), _launch.view(b)
         vo = _NO_OFFSETS if offsets is None else _launch.view(offsets)
         vs = None if row_scale is None else _launch.view(row_scale)
-    if (va[1] | vb[1] | vo[1] | (0 if vs is None else vs[1])) & 15:
-        _launch.check_aligned(("a", "b", "offsets", "row_scale"), (va[1], vb[1], vo[1], 0 if vs is None else vs[1]))
-    return _launch.on_device(call.frame.device_id, call, va[1], vb[1], vo[1], 0 if vs is None else vs[1])
+        if rotary is not None:
+            vc, vn = _launch.view(rotary[0]), _launch.view(rotary[1])
+    ps = 0 if vs is None else vs[1]
+    if (va[1] | vb[1] | vo[1] | ps | vc[1] | vn[1]) & 15:
+        _launch.check_aligned(("a", "b", "offsets", "row_scale", "rotary cos", "rotary sin"),
+                              (va[1], vb[1], vo[1], ps, vc[1], vn[1]))
+    return _launch.on_device(call.frame.device_id, call, va[1], vb[1], vo[1], ps, vc[1], vn[1])
 
 
 def interleave_gate_up(w_gate, w_up):
@@ -266,8 +331,9 @@ def interleave_gate_up(w_gate, w_up):
     return dtypes._xp(w_gate).stack([w_gate, w_up], axis=2).reshape(e, 2 * i, k)
 
 
-def reference(a, b, offsets, *, epilogue=None, row_scale=None) -> np.ndarray:
-    """float64 NumPy reference: a per-expert loop over the fp32 values of the stored inputs."""
+def reference(a, b, offsets, *, epilogue=None, row_scale=None, rotary=None) -> np.ndarray:
+    """float64 NumPy reference: a per-expert loop over the fp32 values of the stored inputs (``rotary`` as in
+    ``grouped_gemm``: applied to the product, before the row scale)."""
     def host(x):
         x = x.get() if hasattr(x, "get") else np.asarray(x)
         return dtypes.to_float32(x).astype(np.float64) if x.dtype in _DTYPES else x
@@ -289,6 +355,14 @@ def reference(a, b, offsets, *, epilogue=None, row_scale=None) -> np.ndarray:
 
             y = 0.5 * y * (1.0 + np.vectorize(erf, otypes=[np.float64])(y / sqrt(2.0)))
         out[lo:hi] = y
+    if rotary is not None:
+        cos, sin = (np.asarray(host(t), dtype=np.float64) for t in rotary[:2])
+        seq, half = cos.shape
+        pos = np.arange(out.shape[0]) % seq
+        for h0 in range(0, int(rotary[2]), 2 * half):
+            x, y = out[:, h0:h0 + half].copy(), out[:, h0 + half:h0 + 2 * half].copy()
+            out[:, h0:h0 + half] = x * cos[pos] - y * sin[pos]
+            out[:, h0 + half:h0 + 2 * half] = y * cos[pos] + x * sin[pos]
     if row_scale is not None:
         out *= np.asarray(host(row_scale), dtype=np.float64)[:, None]
     return out

@@ -135,7 +135,7 @@ def test_tma_config():
     assert pair.cluster_m == 2 and pair.name_expression(dtype=BF16) == "moe_grouped_gemm_tma_pair<__nv_bfloat16, 4, 0>"
     with pytest.raises(ValueError, match="cluster_m"):
         dataclasses.replace(gemm_configs.WGMMA[0], cluster_m=2)
-    assert cfg.epilogues() == (None, "swiglu")
+    assert cfg.epilogues() == (None, "swiglu", "rope64", "rope128", "rope256")  # 128 x 256: whole heads of 64-256
     with pytest.raises(ValueError, match="input dtype"):
         cfg.name_expression(dtype=BF16, out_dtype=np.float32)
     with pytest.raises(ValueError, match="tma tile"):
@@ -229,6 +229,48 @@ def test_planner_takes_narrow_tiles_for_one_wave_projections(monkeypatch):
     assert planned(128, 11264, 2048).block_m == 128  # 176 of 64 x 128: more than one wave
     assert planned(128, 4096, 11008).block_m == 128  # 172 k tiles: the 128 x 128 split across clusters
     assert planned(256, 768, 768, experts=4).block_m == 128  # grouped: not measured, not taken
+
+
+def test_rotary_epilogue_validation_and_plan(monkeypatch):
+    """rotary=(cos, sin, cols): float32 [seq, hd / 2] tables, hd 64/128/256, cols a multiple of hd, offsets=None
+    and no other epilogue; planned on tma tiles holding whole heads, never split; refused off sm_90a."""
+    from cukernels import tma
+
+    a, b = np.zeros((200, 64), np.float16), np.zeros((1, 384, 64), np.float16)
+    cos = np.zeros((64, 32), np.float32)
+    assert validate(a, b, None, rotary=(cos, cos, 256)).epilogue == "rope64"
+    for rot, kw, match in (((cos, cos, 100), {}, "multiple of the head dim 64"),
+                           ((cos, cos, 448), {}, "at most N = 384"),
+                           ((cos, cos[:, :16].copy(), 64), {}, "one shape"),
+                           ((cos.astype(np.float64), cos, 64), {}, "rotary cos must be a C-contiguous float32"),
+                           ((cos[:, :24].copy(), cos[:, :24].copy(), 48), {}, "head dim 2 \\* cos.shape\\[1\\] = 48"),
+                           ((cos, cos), {}, "a tuple of 2"),
+                           ((cos, cos, 64), dict(epilogue="swiglu"), "epilogue must be None"),
+                           ((cos, cos, 64), dict(offsets=np.zeros(2, np.int32)), "offsets=None")):
+        with pytest.raises(ValueError, match=match):
+            validate(a, b, kw.pop("offsets", None), rotary=rot, **kw)
+    with pytest.raises(ValueError, match="epilogue must be one of"):
+        validate(a, b, None, epilogue="rope64")  # only through rotary=
+    monkeypatch.setattr(tma, "available", lambda: None)
+    h100 = device.profile("h100_sxm")
+
+    def planned(n, k, hd, rows=128):
+        p = gemm_configs.GemmProblem(rows=rows, n=n, k=k, experts=1, dtype="bf16", epilogue=gemm_configs.ROPE[hd])
+        return gemm_configs.plan(p, h100).config
+
+    assert planned(2304, 768, 64) == gemm_configs.TMA_64[1]
+    assert planned(2304, 768, 128) == gemm_configs.TMA_64[0]  # 64 columns cannot hold a head of 128
+    assert planned(2304, 768, 256).block_n == 256
+    big = planned(4096, 11008, 128)  # the plain plan splits K across clusters; rotary takes a whole tile
+    assert big.split_k == 1 and big.cluster_k == 1 and big.block_n % 128 == 0
+    assert "rope64" in gemm_configs.TMA_64[1].epilogues() and "rope128" not in gemm_configs.TMA_64[1].epilogues()
+    assert "rope64" not in dataclasses.replace(gemm_configs.TMA_128[0], split_k=2).epilogues()
+    assert "rope64" not in gemm_configs.MEDIUM[0].epilogues()
+    with pytest.raises(ValueError, match="has no rope64 epilogue"):
+        gemm_configs.MEDIUM[0].name_expression(dtype=BF16, epilogue="rope64")
+    with pytest.raises(tiling.PlanError, match="sm_90a tma tiles only"):
+        gemm_configs.plan(gemm_configs.GemmProblem(rows=128, n=768, k=768, experts=1, dtype="bf16",
+                                                   epilogue="rope64"), device.profile("a100_80gb"))
 
 
 def test_planner_sizes_tma_tiles_to_the_machine(monkeypatch):

@@ -214,6 +214,38 @@ def test_dense_offsets_none(dtype, epilogue):
         grouped_gemm(a, cupy.concatenate([b, b]), None)
 
 
+@pytest.mark.parametrize("dtype", DTYPES, ids=dtypes.dtype_name)
+def test_rotary_epilogue(dtype):
+    """rotary=(cos, sin, cols): q/k heads rotated in the tma epilogue, v columns untouched; head dims 64/128/256
+    on every tile that holds them whole; positions wrap every seq rows (two sequences and a part); a partial last
+    m tile; row scale after the rotation; the planner's choice; equal to the reference within the GEMM's bound."""
+    import cupy
+
+    spec = device.current()
+    if spec.arch != "sm_90a" or tma.available():
+        pytest.skip("the rotary epilogue runs on the sm_90a tma tiles")
+    from models.norm_rope import rotary_tables
+
+    rows, seq, k = 200, 80, 264
+    for hd in (64, 128, 256):
+        n = 3 * 2 * 256  # q, k, v of two heads of 256 (or more heads of a smaller dim)
+        cols = 2 * n // 3
+        cos, sin = rotary_tables(seq, hd, like=cupy.zeros(1))
+        a = dtypes.random((rows, k), dtype, seed=hd)
+        b = dtypes.random((1, n, k), dtype, seed=hd + 1, scale=1.0 / np.sqrt(k))
+        scale = cupy.asarray(np.random.default_rng(hd).random(rows, dtype=np.float32) + 0.5)
+        ref = reference(a, b, None, row_scale=scale, rotary=(cos, sin, cols))
+        cfgs = [None] + [c for c in (*gemm_configs.TMA_64, *gemm_configs.TMA_128, *gemm_configs.TMA)
+                         if gemm_configs.ROPE[hd] in c.epilogues()]
+        for cfg in cfgs:
+            checks.poison_pool(64 << 20)
+            out = grouped_gemm(a, b, None, row_scale=scale, rotary=(cos, sin, cols), config=cfg)
+            _check(out, ref, dtype, f"{cfg} rotary hd {hd}")
+    with pytest.raises(ValueError, match="has no rope128 epilogue"):  # 64 columns cannot hold a head of 128
+        grouped_gemm(a, b, None, rotary=(*rotary_tables(seq, 128, like=cupy.zeros(1)), 256),
+                     config=gemm_configs.TMA_64[1])
+
+
 def _skinny_cases():
     """Every split and rows-per-pass of the skinny tiles, the two warp widths alternating."""
     return [c for i, c in enumerate(gemm_configs.SKINNY) if i % 2 == (c.block_m // 8) % 2]

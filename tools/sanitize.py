@@ -152,6 +152,14 @@ def gemm_cases():
                     dataclasses.replace(gemm_configs.TMA_128[0], split_k=2), gemm_configs.MEDIUM[0]):
             for epi in (None, "swiglu"):
                 grouped_gemm(a, b, None, epilogue=epi, config=cfg)
+        # the rotary epilogue (q/k heads rotated in registers; positions wrap every 64 rows), head dims 64 and 128
+        b512 = b[:, :512].copy()
+        for hd in (64, 128):
+            half = np.arange(64 * hd // 2, dtype=np.float32).reshape(64, hd // 2) / 1e3
+            cos, sin = cupy.asarray(np.cos(half)), cupy.asarray(np.sin(half))
+            for cfg in (*gemm_configs.TMA_64, gemm_configs.TMA_128[0], gemm_configs.TMA[0]):
+                if gemm_configs.ROPE[hd] in cfg.epilogues():
+                    grouped_gemm(a, b512, None, rotary=(cos, sin, 256), config=cfg)
 
 
 def skinny_cases():

@@ -33,6 +33,11 @@
 #include "pdl.cuh"
 
 constexpr int EPI_NONE = 0, EPI_SWIGLU = 1, EPI_GELU = 2;
+// Rotary embedding (neox) on the leading output columns, tma tiles only: head dims 64, 128, 256.
+constexpr int EPI_ROPE_64 = 3, EPI_ROPE_128 = 4, EPI_ROPE_256 = 5;
+__host__ __device__ constexpr int rope_dim(int epi) {
+    return epi == EPI_ROPE_64 ? 64 : epi == EPI_ROPE_128 ? 128 : epi == EPI_ROPE_256 ? 256 : 0;
+}
 constexpr int GROUP_M = 8;
 
 // silu(x) = x / (1 + e^-x) with the fast division (rcp.approx, 2 ulp; 0 where e^-x overflows, as the true value
@@ -450,7 +455,9 @@ __device__ __forceinline__ void grouped_gemm_tma(const tma::TensorMap& a_map, co
                                                  const tma::TensorMap& out_map, T* __restrict__ out,
                                                  const int* __restrict__ offsets, const float* __restrict__ row_scale,
                                                  int experts, int N, int K, float* __restrict__ partial, int splits,
-                                                 int rows) {
+                                                 int rows, const float* __restrict__ rope_cos = nullptr,
+                                                 const float* __restrict__ rope_sin = nullptr, int rope_seq = 1,
+                                                 int rope_cols = 0) {
     constexpr int BM = 64 * CW, BK = 64;  // CW consumer warpgroups, 64 rows each
     static_assert(CW == 1 || CW == 2, "one or two consumer warpgroups");
     static_assert(BN == 64 || BN == 128 || BN == 256, "64, 128 or 256 columns per tile");
@@ -459,7 +466,9 @@ __device__ __forceinline__ void grouped_gemm_tma(const tma::TensorMap& a_map, co
     constexpr int A_BYTES = BM * BK * 2, B_BYTES = BN * BK * 2, STAGE_BYTES = A_BYTES + B_BYTES;
     // per consumer warpgroup: the staging of 64 x 128 outputs, or with CK > 1 its 64 x 128 fp32 sums
     constexpr int EPI_BYTES = CK > 1 ? 64 * 128 * 4 : 64 * 128 * 2;
-    static_assert(EPI == EPI_NONE || EPI == EPI_SWIGLU, "plain or SwiGLU epilogue");
+    constexpr int HD = rope_dim(EPI);  // rotary: the head dim (0: none)
+    static_assert(EPI == EPI_NONE || EPI == EPI_SWIGLU || HD > 0, "plain, SwiGLU or rotary epilogue");
+    static_assert(HD == 0 || (CM == 1 && CK == 1 && BN % HD == 0), "rotary: whole heads in a tile, no clusters");
     static_assert(CM == 1 || CM == 2, "clusters of 1 or 2 CTAs along M");
     static_assert(CK == 1 || (CM == 1 && BN <= 128 && CK <= 4), "clusters along K: 2-4 CTAs, 64/128-column tiles");
     constexpr int CS = CM * CK;  // CTAs per cluster
@@ -673,6 +682,49 @@ __device__ __forceinline__ void grouped_gemm_tma(const tma::TensorMap& a_map, co
                     }
                 continue;
             }
+            if constexpr (HD > 0) {
+                // Rotary (neox) on columns [0, rope_cols): element i < HD / 2 of a head pairs with i + HD / 2, which
+                // this thread holds in fragment j + HD / 16 (a tile holds whole heads); the row's position is
+                // row % rope_seq (sequences of rope_seq rows), cos / sin from fp32 tables [rope_seq, HD / 2]. A
+                // thread's elements are i = 8 t + 2 q (t < HD / 16) of every head in the tile, so it loads cos / sin
+                // once per (t, row) for all heads, in batches of 8 t (4 beside the 256-column tile's accumulators)
+                // issued before any is used (one L2 round trip per batch; the loads are in bounds whatever
+                // rope_cols says).
+                constexpr int BATCH = BN > 128 ? 4 : 8;
+                constexpr int T = HD / 16, TB = T < BATCH ? T : BATCH, HEADS = BN / HD;
+                int pos[2];
+#pragma unroll
+                for (int h = 0; h < 2; ++h) pos[h] = (row0 + r_frag + 8 * h) % rope_seq;
+#pragma unroll
+                for (int t0 = 0; t0 < T; t0 += TB) {
+                    float2 c[TB][2], sn[TB][2];
+#pragma unroll
+                    for (int tb = 0; tb < TB; ++tb)
+#pragma unroll
+                        for (int h = 0; h < 2; ++h) {
+                            const size_t at = (size_t)pos[h] * (HD / 2) + 8 * (t0 + tb) + 2 * q;
+                            c[tb][h] = __ldg(reinterpret_cast<const float2*>(rope_cos + at));
+                            sn[tb][h] = __ldg(reinterpret_cast<const float2*>(rope_sin + at));
+                        }
+#pragma unroll
+                    for (int hh = 0; hh < HEADS; ++hh) {
+                        if (n_tile * BN + hh * HD >= rope_cols) continue;  // v (or past the rotated heads)
+#pragma unroll
+                        for (int tb = 0; tb < TB; ++tb) {
+                            const int j = hh * (HD / 8) + t0 + tb, jp = j + T;
+#pragma unroll
+                            for (int h = 0; h < 2; ++h) {
+                                const float a0 = d[4 * j + 2 * h], a1 = d[4 * j + 2 * h + 1];
+                                const float b0 = d[4 * jp + 2 * h], b1 = d[4 * jp + 2 * h + 1];
+                                d[4 * j + 2 * h] = a0 * c[tb][h].x - b0 * sn[tb][h].x;
+                                d[4 * j + 2 * h + 1] = a1 * c[tb][h].y - b1 * sn[tb][h].y;
+                                d[4 * jp + 2 * h] = b0 * c[tb][h].x + a0 * sn[tb][h].x;
+                                d[4 * jp + 2 * h + 1] = b1 * c[tb][h].y + a1 * sn[tb][h].y;
+                            }
+                        }
+                    }
+                }
+            }
             const int n_out = EPI == EPI_SWIGLU ? N / 2 : N;
             float scale[2];
 #pragma unroll
@@ -757,9 +809,11 @@ __global__ void __launch_bounds__(128 + 2 * BM, 1)
 moe_grouped_gemm_tma(const __grid_constant__ tma::TensorMap a_map, const __grid_constant__ tma::TensorMap b_map,
                      const __grid_constant__ tma::TensorMap out_map, T* __restrict__ out,
                      const int* __restrict__ offsets, const float* __restrict__ row_scale, int experts, int N, int K,
-                     float* __restrict__ partial, int splits, int rows) {
+                     float* __restrict__ partial, int splits, int rows, const float* __restrict__ rope_cos,
+                     const float* __restrict__ rope_sin, int rope_seq, int rope_cols) {
     grouped_gemm_tma<T, STAGES, EPI, 1, BN, 1, BM / 64>(a_map, b_map, out_map, out, offsets, row_scale, experts, N,
-                                                         K, partial, splits, rows);
+                                                         K, partial, splits, rows, rope_cos, rope_sin, rope_seq,
+                                                         rope_cols);
 }
 
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ < 900
