@@ -91,7 +91,7 @@ class PermuteCall:
             (-(-tokens // routing.block_tokens),), (cfg.threads,),
             (P(0, at["experts"]), np.int32(tokens), np.int32(top_k), np.int32(experts),
              np.int32(routing.block_tokens), P(0, at["counts"]), P(0, at["block_base"]), np.int32(block_m or 1),
-             np.int32(rows), P(1, s), P(1, i), P(1, o), P(1, p), P(0, at["weights"]), P(2)))
+             np.int32(rows), P(1, s), P(1, i), P(1, o), P(1, p), P(0, at["weights"]), P(2)), pdl=True)
 
     def enqueue(self, stream: int, routing_base: int, base: int, row_weight: int = 0) -> None:
         """Scatter the routing at ``routing_base`` into the allocation at ``base``; with ``row_weight`` (an
@@ -208,7 +208,7 @@ def gather_launcher(rows: int, hidden: int, top_k: int, dt, align: int) -> _laun
     return _launch.Launcher(launch.kernel(launch.DISPATCH_SOURCE, cfg.name_expression()),
                             (-(-rows // cfg.rows_per_block),), (cfg.threads_x, cfg.rows_per_block),
                             (P(0), P(1), np.int32(rows), np.int32(top_k),
-                             np.int32(hidden * np.dtype(dt).itemsize // cfg.vec_bytes), P(2)))
+                             np.int32(hidden * np.dtype(dt).itemsize // cfg.vec_bytes), P(2)), pdl=True)
 
 
 def combine_launcher(tokens: int, hidden: int, top_k: int, dt, align: int) -> _launch.Launcher:
@@ -219,7 +219,7 @@ def combine_launcher(tokens: int, hidden: int, top_k: int, dt, align: int) -> _l
     P = _launch.Ptr
     return _launch.Launcher(launch.kernel(launch.DISPATCH_SOURCE, cfg.name_expression(dtype=dt)),
                             (-(-tokens // cfg.rows_per_block),), (cfg.threads_x, cfg.rows_per_block),
-                            (P(0), P(1), P(2), np.int32(tokens), np.int32(top_k), np.int32(hidden), P(3)))
+                            (P(0), P(1), P(2), np.int32(tokens), np.int32(top_k), np.int32(hidden), P(3)), pdl=True)
 
 
 _GATHER = _launch.Cache("moe.gather")

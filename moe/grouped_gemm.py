@@ -213,7 +213,7 @@ class GemmCall:
                 grid = min(grid, kern.blocks_per_sm(config.threads, config.smem_bytes()) * launch.spec().sm_count)
             self.launcher = _launch.Launcher(
                 kern, (grid,), (config.threads,), args,
-                smem=config.smem_bytes(), pdl=config.one_wave(problem, grid))
+                smem=config.smem_bytes(), pdl=config.kind != "tma" or config.one_wave(problem, grid))
             self.split_sums, self.reduce = None, None
             if splits > 1:  # the split sums' adder: epilogue, row scale and the 16-bit store
                 nbytes = 4 * splits * problem.rows * problem.n

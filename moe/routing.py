@@ -154,11 +154,13 @@ class RouteCall:
             launch.kernel(launch.ROUTE_SOURCE, cfg.name_expression(dtype=dt)), (nblk,), (cfg.threads,),
             (P(0), np.int32(tokens), np.int32(experts), np.int32(top_k), np.int32(cfg.block_tokens),
              np.int32(SCORINGS.index(scoring)), np.int32(bool(renormalize)), *self._at("weights", "experts",
-             "blk_counts", "blk_prob", "blk_z", "ticket", "block_base", "counts", "mean_prob", "share", "scalars")))
+             "blk_counts", "blk_prob", "blk_z", "ticket", "block_base", "counts", "mean_prob", "share", "scalars")),
+            pdl=True)
         self.finish = None if cfg.finish else _launch.Launcher(
             launch.kernel(launch.ROUTE_SOURCE, finish.name_expression()), (-(-experts // 32),), (32, 32),
             (*self._at("blk_counts", "blk_prob", "blk_z"), np.int32(nblk), np.int32(tokens), np.int32(experts),
-             np.int32(top_k), *self._at("block_base", "counts", "mean_prob", "share", "scalars", "ticket")))
+             np.int32(top_k), *self._at("block_base", "counts", "mean_prob", "share", "scalars", "ticket")),
+            pdl=True)
 
     def _at(self, *fields):
         """Launcher arguments for fields of the allocation (pointer 1 of a call, plus the field's offset)."""

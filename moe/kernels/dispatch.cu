@@ -26,6 +26,7 @@
 //   (2, 4 or 8: the loads of all k are held in registers at once, so the bound sets the register budget).
 //   blockDim (TX, TY): TY tokens per block, TX threads along a row.
 #include "common.cuh"
+#include "pdl.cuh"  // each kernel waits for the grid before it first (programmatic dependent launch)
 
 constexpr int MAX_EXPERTS = 512;  // moe.configs.MAX_EXPERTS (ScatterConfig.smem_bytes counts these arrays)
 
@@ -39,6 +40,7 @@ moe_permute_scatter(const int* __restrict__ topk_ids, int tokens, int top_k, int
     __shared__ int s_count[MAX_EXPERTS];
     __shared__ int s_run[WARPS][MAX_EXPERTS];
 
+    pdl::enter();
     const int lane = threadIdx.x & 31;
     const int warp = threadIdx.x >> 5;
     const int tid = threadIdx.x;
@@ -130,6 +132,7 @@ __global__ void __launch_bounds__(256)
 moe_gather(const V* __restrict__ x, const int* __restrict__ sorted_slots, int rows, int top_k, int row_vecs,
            V* __restrict__ out) {
     constexpr int UNROLL = 4;
+    pdl::enter();
     const long long r = (long long)blockIdx.x * blockDim.y + threadIdx.y;
     if (r >= rows) return;
     const int slot = sorted_slots[r];
@@ -160,6 +163,7 @@ moe_combine(const T* __restrict__ expert_out, const int* __restrict__ inverse, c
             int tokens, int top_k, int hidden, T* __restrict__ out) {
     constexpr int UNROLL = MAX_K <= 2 ? 2 : 1;  // 4 to 8 independent loads in flight per thread
     using P = Pack<T, VEC>;
+    pdl::enter();
     const long long t = (long long)blockIdx.x * blockDim.y + threadIdx.y;
     if (t >= tokens) return;
     int row[MAX_K];

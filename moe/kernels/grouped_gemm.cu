@@ -220,6 +220,7 @@ moe_grouped_gemm(const T* __restrict__ a, const T* __restrict__ b, TO* __restric
     const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
     const int n_tiles = (N + BN - 1) / BN;
 
+    pdl::enter();  // one tile per CTA: the next kernel may be scheduled at once
     int e, m_tile, n_tile;
     if (!find_work_item<BM>(blockIdx.x, offsets, experts, n_tiles, s_work, e, m_tile, n_tile)) return;
     const int row0 = offsets[e] + m_tile * BM;
@@ -341,6 +342,7 @@ moe_grouped_gemm_wgmma(const T* __restrict__ a, const T* __restrict__ b, TO* __r
 
     const int tid = threadIdx.x, warp = tid >> 5;
     const int n_tiles = (N + BN - 1) / BN;
+    pdl::enter();  // one tile per CTA: the next kernel may be scheduled at once
     int e, m_tile, n_tile;
     if (!find_work_item<BM>(blockIdx.x, offsets, experts, n_tiles, s_work, e, m_tile, n_tile)) return;
     const int row0 = offsets[e] + m_tile * BM;
@@ -946,6 +948,7 @@ moe_grouped_gemm_skinny(const T* __restrict__ a, const T* __restrict__ b, TO* __
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, q = lane & 3;
     const int kg = warp % KS, ng = warp / KS;
 
+    pdl::enter();  // decode-sized GEMMs are one wave of CTAs (the grid is what fits at once)
     if (warp == 0) {
         int seen = 0;
         for (int e0 = 0; e0 < experts; e0 += 32) {

@@ -28,6 +28,7 @@
 //   and blk_base[b][e] = tokens of expert e routed by blocks < b (the stable scatter's starting rank).
 //   The last block to finish (a ticket zeroed by moe_route) computes aux_loss, z_loss and the usage CV.
 #include "common.cuh"
+#include "pdl.cuh"  // each kernel waits for the grid before it first (programmatic dependent launch)
 
 template <typename T, int EPL>
 __device__ __forceinline__ void load_row(const T* __restrict__ logits, long long token, int experts, int lane,
@@ -67,6 +68,7 @@ moe_route(const T* __restrict__ logits, int tokens, int experts, int top_k, int 
     __shared__ int s_count[WARPS][MAX_E];
     __shared__ float s_z[WARPS];
 
+    pdl::enter();
     const int lane = threadIdx.x & 31;
     const int warp = threadIdx.x >> 5;
     if (blockIdx.x == 0 && threadIdx.x == 0) *ticket = 0u;
@@ -214,6 +216,7 @@ moe_route_finish(const int* __restrict__ blk_counts, const float* __restrict__ b
     __shared__ float s_red[3][32];
     __shared__ bool s_last;
 
+    pdl::enter();
     const int tx = threadIdx.x, ty = threadIdx.y;
     const int e = blockIdx.x * 32 + tx;
     const int chunk = (nblk + 31) / 32;
