@@ -31,7 +31,7 @@ import dataclasses
 import math
 
 from attention import flash_attention
-from moe import MoELayer, grouped_gemm
+from moe import MoELayer, gemm_configs, grouped_gemm
 from moe.grouped_gemm import rotary_unavailable
 
 from .configs import ModelConfig
@@ -121,7 +121,7 @@ class OursModel(_Model):
     def __init__(self, cfg: ModelConfig, weights: Weights):
         super().__init__(cfg, weights)
         # rotary in the QKV projection's epilogue where the tma tiles run (sm_90a), else its own kernel
-        self._fused_rotary = rotary_unavailable() is None and cfg.head_dim in (64, 128, 256)
+        self._fused_rotary = rotary_unavailable() is None and cfg.head_dim in gemm_configs.ROPE
         self._moe = None
         if cfg.ffn == "moe":
             self._moe = [MoELayer(lw.router, lw.w_gate_up, lw.w_down, cfg.top_k) for lw in weights.layers]

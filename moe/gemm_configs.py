@@ -341,22 +341,21 @@ def plan(problem: GemmProblem, spec: DeviceSpec) -> tiling.Plan:
     if tuned is not None:
         return tuned
     rope = problem.epilogue in ROPE.values()
-    if rope and (spec.arch != "sm_90a" or _tma_unusable(problem) is not None):
-        why = _tma_unusable(problem) if spec.arch == "sm_90a" else f"{spec.name} is {spec.arch}"
-        raise tiling.PlanError(f"the rotary epilogue ({problem.epilogue}) runs on the sm_90a tma tiles only: {why}")
+    no_tma = f"{spec.name} is {spec.arch}" if spec.arch != "sm_90a" else _tma_unusable(problem)
+    if rope and no_tma is not None:
+        raise tiling.PlanError(f"the rotary epilogue ({problem.epilogue}) runs on the sm_90a tma tiles only: "
+                               f"{no_tma}")
     skinny = None if rope else plan_skinny(problem, spec)
     if skinny is not None:
         return skinny
-    if spec.arch == "sm_90a" and (problem.epilogue in (None, "swiglu") or rope) and _tma_unusable(problem) is None:
+    if no_tma is None and (problem.epilogue in (None, "swiglu") or rope):
         ranked = tma_ranked(problem, spec)
         why = (f"tma tile of least estimated time ({ranked[0][1]:.1f} us: waves of work items, the weights' bytes, "
                f"split-K's partial sums)")
-        fitting = [c for c, _ in ranked if problem.epilogue in c.epilogues()]
-        if rope:  # whole heads in a tile, no split: the fastest such tile, else a 128 x 256 tile
-            fitting = fitting or [TMA[0]]
+        if rope:  # the ranking always holds unsplit 128 x 256 and 128 x 128 tiles, which hold whole heads
             why += f"; whole {problem.epilogue[4:]}-column heads per tile, no split"
-        return tiling.choose(fitting + [c for c in LARGE_NO_TMA if problem.epilogue in c.epilogues()], spec,
-                             reason=why)
+        return tiling.choose([c for c, _ in ranked if problem.epilogue in c.epilogues()]
+                             + [c for c in LARGE_NO_TMA if problem.epilogue in c.epilogues()], spec, reason=why)
     n = problem.n
     est_m_tiles = max(1, problem.rows // 128) + min(problem.experts, max(problem.rows, 1)) // 2
     large_ctas = est_m_tiles * -(-n // 256)

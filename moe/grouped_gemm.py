@@ -293,10 +293,10 @@ def grouped_gemm(a, b, offsets, *, epilogue: str | None = None, row_scale=None, 
     vo = _NO_OFFSETS if offsets is None else _launch.view(offsets)
     vs = None if row_scale is None else _launch.view(row_scale)
     vc = vn = _NO_OFFSETS
-    if rotary is not None and isinstance(rotary, tuple) and len(rotary) == 3:
-        vc, vn = _launch.view(rotary[0]), _launch.view(rotary[1])
-    if (config is None and None not in (va, vb, vo, vc, vn) and (row_scale is None or vs is not None)
-            and (rotary is None or vc[0] is not None)):
+    if rotary is not None:  # a malformed rotary takes the slow path, which says what is wrong
+        ok = isinstance(rotary, tuple) and len(rotary) == 3
+        vc, vn = (_launch.view(rotary[0]), _launch.view(rotary[1])) if ok else (None, None)
+    if config is None and None not in (va, vb, vo, vc, vn) and (row_scale is None or vs is not None):
         key = (va[0], vb[0], vo[0], None if vs is None else vs[0], epilogue,
                None if out_dtype is None else np.dtype(out_dtype), vc[0], vn[0],
                None if rotary is None else rotary[2])
