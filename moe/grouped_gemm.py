@@ -149,13 +149,18 @@ class GemmCall:
 
     ``gather``: the offer of a fused token gather (the layer's, ``gather`` = top_k), taken when the plan is a skinny
     tile (``self.gather`` says whether): row r of the groups then reads a[index[r] // gather], with ``index`` the
-    sixth pointer of ``enqueue`` (the sorted slots), and ``a`` is the tokens, not the gathered rows."""
+    sixth pointer of ``enqueue`` (the sorted slots), and ``a`` is the tokens, not the gathered rows.
+
+    ``early``: the caller passes ``enqueue(..., pcounts=)``, the groups' row counts, written two launches back or
+    more (the layer's routing counts); a skinny plan over fewer rows than experts then lists the experts from them
+    and prefetches its first weights into L2 before its programmatic wait (``self.early`` bytes per CTA)."""
 
     def __init__(self, problem: gemm_configs.GemmProblem, config, dtype: np.dtype, frame, gather: int = 0,
-                 dense: bool = False, rope: tuple[int, int] = (1, 0)):
+                 dense: bool = False, rope: tuple[int, int] = (1, 0), early: bool = False):
         import cupy
 
         self.frame, self.dense_offsets = frame, None
+        self.early = 0  # bytes of weights a skinny CTA prefetches before its programmatic wait (early=True)
         out_dtype = np.dtype(np.float32) if problem.out_dtype == "fp32" else np.dtype(dtype)
         with cupy.cuda.Device(frame.device_id):
             if config is None:
@@ -175,7 +180,8 @@ class GemmCall:
                 return
             if dense and config.kind != "tma":  # the tma tile takes a null pointer; the others read [0, rows]
                 self.dense_offsets = cupy.asarray(np.array([0, problem.rows], dtype=np.int32))
-            P = _launch.Ptr  # 0 a, 1 b, 2 out, 3 offsets, 4 row_scale (0: none), 5 gather index, 6 split sums
+            P = _launch.Ptr  # 0 a, 1 b, 2 out, 3 offsets, 4 row_scale (0: none), 5 gather index, 6 split sums,
+            # 7, 8 rotary cos / sin, 9 the groups' row counts (early skinny plans)
             a_arg, b_arg = P(0), P(1)
             kern = launch.kernel(SOURCE, config.name_expression(dtype=dtype, epilogue=problem.epilogue,
                                                                 out_dtype=out_dtype))
@@ -211,6 +217,8 @@ class GemmCall:
             grid = config.grid(problem, launch.spec().sm_count, clusters)
             if config.kind == "skinny":  # persistent: what the GPU holds at once, striding over the items
                 grid = min(grid, kern.blocks_per_sm(config.threads, config.smem_bytes()) * launch.spec().sm_count)
+                self.early = self._early_bytes(problem, config, grid) if early else 0
+                args += (P(9), np.int32(self.early))
             self.launcher = _launch.Launcher(
                 kern, (grid,), (config.threads,), args,
                 smem=config.smem_bytes(), pdl=config.kind != "tma" or config.one_wave(problem, grid))
@@ -226,14 +234,33 @@ class GemmCall:
                     (P(6), P(2), P(3), P(4), np.int32(problem.experts), np.int32(problem.n), np.int32(splits),
                      np.int32(problem.rows)), pdl=True)
 
+    @staticmethod
+    def _early_bytes(problem: gemm_configs.GemmProblem, config, grid: int) -> int:
+        """Bytes of its first items' weights a skinny CTA asks L2 for before its programmatic wait (``early``: the
+        call's ``pcounts``, the groups' row counts, were written two launches back or more); 0 (no early start)
+        unless fewer rows than experts (a short stream over a few touched experts, where the start is what costs).
+        At most ``EARLY_L2_SHARE`` of the L2 over the grid, at most four items per CTA. H100 (docs/perf/
+        grouped_gemm.md v4.3): E64 top-8 T1 -2 to -3 %, seed 004 T1 -3 %, T4 rows -1 to -2 %; the whole L2 was
+        worse than half (T1 +2 % over no prefetch), and a full item per CTA with every expert touched (T64: 135 MB
+        asked of a 50 MB L2) +1.3 %."""
+        if problem.rows >= problem.experts:
+            return 0
+        groups = max(1, min(problem.experts, problem.rows))
+        per_cta = -(-(-(-problem.n // config.block_n) * groups) // grid)
+        item_bytes = config.block_n * problem.k * 2
+        budget = min(min(4, per_cta) * item_bytes, int(EARLY_L2_SHARE * launch.spec().l2_bytes) // grid)
+        return budget // 16 * 16 if budget >= 4096 else 0
+
     def enqueue(self, stream: int, pa: int, pb: int, pout: int, poffsets: int, pscale: int, pindex: int = 0,
-                pcos: int = 0, psin: int = 0) -> None:
+                pcos: int = 0, psin: int = 0, pcounts: int = 0) -> None:
+        """``pcounts``: the groups' row counts, written two launches back or more (a GemmCall made with
+        ``early=True`` reads them before its programmatic wait; the others ignore it)."""
         if self.empty:
             return
         if self.dense_offsets is not None:
             poffsets = self.dense_offsets.data.ptr
         if self.reduce is None:
-            self.launcher.launch(stream, (pa, pb, pout, poffsets, pscale, pindex, 0, pcos, psin))
+            self.launcher.launch(stream, (pa, pb, pout, poffsets, pscale, pindex, 0, pcos, psin, pcounts))
             return
         # split K: the partial sums live in scratch that the reduce reads in stream order; kept for the next call
         # on this stream (split K is planned for few rows: a few MiB), fresh under graph capture (the graph's)
@@ -248,6 +275,8 @@ class GemmCall:
         self.enqueue(f.stream(), pa, pb, pout, poffsets, pscale, 0, pcos, psin)
         return out
 
+
+EARLY_L2_SHARE = 0.5  # of the L2 that skinny plans started early (GemmCall early=) may prefetch over the grid
 
 _GEMM = _launch.Cache("moe.grouped_gemm")
 

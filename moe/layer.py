@@ -40,6 +40,12 @@ if TYPE_CHECKING:  # the annotation of MoELayer.capture (imported where it runs:
 ACTIVATIONS = ("swiglu", "gelu")
 
 
+# The expert GEMMs' skinny (decode-sized) plans list the touched experts from the routing's counts, written two
+# launches or more before them, and prefetch their first weights into L2 before their programmatic wait: the weight
+# stream starts under the permutation / the up-projection's last CTAs (GemmCall early=).
+EARLY_WEIGHTS = True
+
+
 class LayerCall:
     """A planned layer forward for one (x signature, weights): the kernels of every stage and the workspace layout.
     Intermediates (expert order, rows = tokens * top_k): logits fp32 [tokens, experts], the routing and dispatch
@@ -54,24 +60,25 @@ class LayerCall:
         rows = tokens * top_k
         name = self.dtype
         with cupy.cuda.Device(frame.device_id):
-            gemm = lambda rows_, n, k, e, epi, out=None, gather=0: GemmCall(  # noqa: E731
+            gemm = lambda rows_, n, k, e, epi, out=None, gather=0, early=False: GemmCall(  # noqa: E731
                 GemmProblem(rows=rows_, n=n, k=k, experts=e, dtype=name, epilogue=epi, out_dtype=out), None, dtype,
-                frame, gather)
+                frame, gather, early=early)
             self.router = gemm(tokens, experts, hidden, 1, None, "fp32")
             self.route = RouteCall(configs.RouteProblem(tokens=tokens, experts=experts, top_k=top_k, dtype="fp32"),
                                    "softmax", True, frame)
             self.permute = PermuteCall(self.route, None, frame)
             n_up = 2 * inter if activation == "swiglu" else inter
             # decode-sized groups: the up-projection's skinny tiles read the token rows themselves
-            self.up = gemm(rows, n_up, hidden, experts, activation, gather=top_k)
+            self.up = gemm(rows, n_up, hidden, experts, activation, gather=top_k, early=EARLY_WEIGHTS)
             self.fused_gather = self.up.gather > 0
-            self.down = gemm(rows, hidden, inter, experts, None)
+            self.down = gemm(rows, hidden, inter, experts, None, early=EARLY_WEIGHTS)
             # x and the workspace's rows are 16-byte aligned (x is checked per call; K % 8 == 0 makes rows so)
             self.combine = combine_launcher(tokens, hidden, top_k, dtype, 16)
             self.gather_launcher = None if self.fused_gather else gather_launcher(rows, hidden, top_k, dtype, 16)
             # the router GEMM's one group: rows [0, tokens) (a constant, made before any capture)
             self.one_group = cupy.asarray([0, tokens], dtype=cupy.int32)
         self._one_group_ptr = self.one_group.data.ptr
+        self._counts = self.route.offsets["counts"]  # the routing's per-expert row counts, in its block
         ws = _launch.Workspace()
         es = dtype.itemsize
         self.at = {"logits": ws.add(4 * tokens * experts), "routing": ws.add(self.route.nbytes),
@@ -90,12 +97,13 @@ class LayerCall:
         self.route.enqueue(stream, at["logits"], at["routing"])
         self.permute.enqueue(stream, at["routing"], at["dispatch"], at["row_weight"])
         sorted_slots, inverse, offsets, _ = (at["dispatch"] + off for off in self.permute.out_offsets)
+        counts = at["routing"] + self._counts
         if self.fused_gather:
-            self.up.enqueue(stream, px, w_gate_up, at["h"], offsets, 0, sorted_slots)
+            self.up.enqueue(stream, px, w_gate_up, at["h"], offsets, 0, sorted_slots, pcounts=counts)
         else:
             self.gather_launcher.launch(stream, (px, sorted_slots, at["xs"]))
-            self.up.enqueue(stream, at["xs"], w_gate_up, at["h"], offsets, 0)
-        self.down.enqueue(stream, at["h"], w_down, at["y"], offsets, at["row_weight"])
+            self.up.enqueue(stream, at["xs"], w_gate_up, at["h"], offsets, 0, pcounts=counts)
+        self.down.enqueue(stream, at["h"], w_down, at["y"], offsets, at["row_weight"], pcounts=counts)
         self.combine.launch(stream, (at["y"], inverse, 0, pout))  # weights already applied: unit weights
         return out
 

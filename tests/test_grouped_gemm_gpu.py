@@ -370,6 +370,8 @@ def test_layer_decode_sizes(tokens, experts, top_k):
            "swiglu")
     call = layer_mod._LAYER.get(key)
     assert call.fused_gather and call.up.config.kind == "skinny" and call.down.config.kind == "skinny"
+    # fewer rows than experts: both GEMMs list the experts from the routing's counts and prefetch before their wait
+    assert (call.up.early > 0 and call.down.early > 0) == (tokens * top_k < experts), (call.up.early, call.down.early)
     ref = reference_forward(x, router, w_up, w_down, top_k)
     naive = _naive(reference_forward(x, router, w_up, w_down, top_k, round_to=dtypes.BF16), dtypes.BF16)
     checks.compare(out, ref, tol=TOL["bf16"], naive=naive, name=f"decode layer T{tokens}").raise_if_failed()

@@ -920,6 +920,13 @@ moe_splitk_reduce(const float* __restrict__ partial, T* __restrict__ out, const 
 //
 // a_index (may be null) fuses the token gather: row r of the groups reads a[a_index[r] / a_div] (the layer's
 // sorted slots over top_k), so a is x itself and no gathered copy is written.
+//
+// early > 0: early_counts holds the groups' row counts (the routing's), written at least two launches back (the
+// layer: routing -> permutation -> up-projection -> down-projection), so final before this grid's pdl::wait
+// (pdl.cuh: a grid starts only after the one before it has passed its own wait). The CTA then lists the non-empty
+// groups from them and asks L2 for the first `early` bytes of its items' weights (one bulk prefetch per item, at
+// most four: an item's rows are contiguous) before the wait, so a programmatic launch streams weights while the
+// previous grid finishes instead of after it. Everything else (offsets, a, a_index, row_scale) is read after it.
 constexpr int SKINNY_MAX_GROUPS = 512;  // = configs.MAX_EXPERTS: the list of non-empty groups in shared memory
 
 __device__ __forceinline__ uint4 ld_stream_16(const void* p) {  // read once: no L1 allocation
@@ -937,7 +944,8 @@ template <typename T, typename TO, int BM, int MI, int WN, int KS, int U, int EP
 __global__ void __launch_bounds__(WN * KS * 32)
 moe_grouped_gemm_skinny(const T* __restrict__ a, const T* __restrict__ b, TO* __restrict__ out,
                         const int* __restrict__ offsets, const float* __restrict__ row_scale, int experts, int N,
-                        int K, const int* __restrict__ a_index, int a_div) {
+                        int K, const int* __restrict__ a_index, int a_div,
+                        const int* __restrict__ early_counts, int early) {
     static_assert(BM % 8 == 0 && BM <= 64, "BM: whole n8 tiles, at most 64 rows per pass");
     static_assert(EPI != EPI_SWIGLU || sizeof(TO) == sizeof(T), "SwiGLU writes the input dtype");
     constexpr int NT = BM / 8, BN = 16 * MI * WN, THREADS = WN * KS * 32, STRIDE = BN + 4;
@@ -948,12 +956,12 @@ moe_grouped_gemm_skinny(const T* __restrict__ a, const T* __restrict__ b, TO* __
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, q = lane & 3;
     const int kg = warp % KS, ng = warp / KS;
 
-    pdl::enter();  // decode-sized GEMMs are one wave of CTAs (the grid is what fits at once)
+    if (early == 0) pdl::enter();  // decode-sized GEMMs are one wave of CTAs (the grid is what fits at once)
     if (warp == 0) {
         int seen = 0;
         for (int e0 = 0; e0 < experts; e0 += 32) {
             const int ex = e0 + lane;
-            const bool has = ex < experts && offsets[ex + 1] > offsets[ex];
+            const bool has = ex < experts && (early > 0 ? early_counts[ex] > 0 : offsets[ex + 1] > offsets[ex]);
             const unsigned m = __ballot_sync(0xffffffffu, has);
             if (has) groups[seen + __popc(m & ((1u << lane) - 1u))] = ex;
             seen += __popc(m);
@@ -963,6 +971,24 @@ moe_grouped_gemm_skinny(const T* __restrict__ a, const T* __restrict__ b, TO* __
     __syncthreads();
     const int n_blocks = (N + BN - 1) / BN;
     const int items = *group_count * n_blocks;
+    if (early > 0) {  // the first items' weights into L2 (b is never written by a kernel), then the wait
+        const long long item_bytes = (long long)BN * K * sizeof(T), left = early - threadIdx.x * item_bytes;
+        if (threadIdx.x < 4 && left >= 16) {
+            const int item = blockIdx.x + threadIdx.x * gridDim.x;
+            if (item < items) {
+                const int e = groups[item / n_blocks], n0 = (item % n_blocks) * BN;
+                const long long whole = (long long)min(BN, N - n0) * K * sizeof(T);
+                const unsigned bytes = (unsigned)(min(whole, left) & ~15ll);
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+                asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;\n"
+                             :: "l"(b + ((size_t)e * N + n0) * K), "r"(bytes) : "memory");
+#else
+                (void)e; (void)bytes;  // no bulk prefetch before sm_90 (nor programmatic launch)
+#endif
+            }
+        }
+        pdl::enter();
+    }
     const int chunks = (K + 31) / 32;
     const int c_lo = kg * chunks / KS, c_hi = (kg + 1) * chunks / KS;
     const int n_out_total = EPI == EPI_SWIGLU ? N / 2 : N;
