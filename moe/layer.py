@@ -2,8 +2,10 @@
 weight as row scale) -> combine, all on the GPU with no host synchronisation (CUDA-graph capturable:
 ``MoELayer.capture``).
 
-A forward is eight launches from one cached plan per (x's signature, weights): the router logits, routing, the
-permutation and every intermediate live in one workspace allocation; the output is the only other one.
+A forward is at most eight launches from one cached plan per (x's signature, weights): the router logits, routing,
+the permutation and every intermediate live in one workspace allocation; the output is the only other one. With
+decode-sized groups the up-projection gathers the token rows itself (no gather launch), and with fewer rows than
+experts both expert GEMMs run as one launch (``grouped_gemm.SkinnyFFN``): five launches.
 
 Weights:
 
@@ -31,7 +33,7 @@ from cukernels import launch as _launch
 from . import configs
 from .dispatch import PermuteCall, combine_launcher, gather_launcher
 from .gemm_configs import GemmProblem
-from .grouped_gemm import GemmCall, validate as validate_gemm
+from .grouped_gemm import GemmCall, SkinnyFFN, validate as validate_gemm
 from .routing import RouteCall
 
 if TYPE_CHECKING:  # the annotation of MoELayer.capture (imported where it runs: capture.py imports this module)
@@ -44,6 +46,8 @@ ACTIVATIONS = ("swiglu", "gelu")
 # launches or more before them, and prefetch their first weights into L2 before their programmatic wait: the weight
 # stream starts under the permutation / the up-projection's last CTAs (GemmCall early=).
 EARLY_WEIGHTS = True
+# Both expert GEMMs skinny (decode-sized groups): one launch of moe_ffn_skinny instead of two (SkinnyFFN)
+FUSED_FFN = True
 
 
 class LayerCall:
@@ -72,6 +76,12 @@ class LayerCall:
             self.up = gemm(rows, n_up, hidden, experts, activation, gather=top_k, early=EARLY_WEIGHTS)
             self.fused_gather = self.up.gather > 0
             self.down = gemm(rows, hidden, inter, experts, None, early=EARLY_WEIGHTS)
+            self.ffn = (SkinnyFFN(self.up, self.down, dtype, top_k, EARLY_WEIGHTS)
+                        if FUSED_FFN and SkinnyFFN.fits(self.up, self.down) else None)
+            # the fused FFN's counters: one zeroed buffer per stream for eager calls (each launch leaves them zeroed),
+            # a graph's own in the workspace, zeroed by a node of the graph
+            self._sync: dict = {}
+            self._memset, self._capturing = cupy.cuda.runtime.memsetAsync, cupy.cuda.runtime.streamIsCapturing
             # x and the workspace's rows are 16-byte aligned (x is checked per call; K % 8 == 0 makes rows so)
             self.combine = combine_launcher(tokens, hidden, top_k, dtype, 16)
             self.gather_launcher = None if self.fused_gather else gather_launcher(rows, hidden, top_k, dtype, 16)
@@ -84,7 +94,7 @@ class LayerCall:
         self.at = {"logits": ws.add(4 * tokens * experts), "routing": ws.add(self.route.nbytes),
                    "dispatch": ws.add(self.permute.nbytes), "row_weight": ws.add(4 * rows),
                    "xs": ws.add(0 if self.fused_gather else es * rows * hidden), "h": ws.add(es * rows * inter),
-                   "y": ws.add(es * rows * hidden)}
+                   "y": ws.add(es * rows * hidden), "sync": ws.add(SkinnyFFN.SYNC_BYTES if self.ffn else 0)}
         self.nbytes = ws.nbytes
 
     def __call__(self, px: int, router_b: int, w_gate_up: int, w_down: int):
@@ -93,19 +103,36 @@ class LayerCall:
         ws, base = f.workspace(stream, self.nbytes)
         out, pout = f.empty(self.out_shape, self.dtype)
         at = {k: base + off for k, off in self.at.items()}
+        sync = self._sync_buffer(stream, at["sync"]) if self.ffn is not None else 0  # (a memset: before the chain)
         self.router.enqueue(stream, px, router_b, at["logits"], self._one_group_ptr, 0)
         self.route.enqueue(stream, at["logits"], at["routing"])
         self.permute.enqueue(stream, at["routing"], at["dispatch"], at["row_weight"])
         sorted_slots, inverse, offsets, _ = (at["dispatch"] + off for off in self.permute.out_offsets)
         counts = at["routing"] + self._counts
-        if self.fused_gather:
+        if self.ffn is not None:
+            self.ffn.enqueue(stream, px, w_gate_up, at["h"], w_down, at["y"], offsets, at["row_weight"], sorted_slots,
+                             counts, sync)
+        elif self.fused_gather:
             self.up.enqueue(stream, px, w_gate_up, at["h"], offsets, 0, sorted_slots, pcounts=counts)
         else:
             self.gather_launcher.launch(stream, (px, sorted_slots, at["xs"]))
             self.up.enqueue(stream, at["xs"], w_gate_up, at["h"], offsets, 0, pcounts=counts)
-        self.down.enqueue(stream, at["h"], w_down, at["y"], offsets, at["row_weight"], pcounts=counts)
+        if self.ffn is None:
+            self.down.enqueue(stream, at["h"], w_down, at["y"], offsets, at["row_weight"], pcounts=counts)
         self.combine.launch(stream, (at["y"], inverse, 0, pout))  # weights already applied: unit weights
         return out
+
+    def _sync_buffer(self, stream: int, in_workspace: int) -> int:
+        """The fused FFN's zeroed counters for a launch on ``stream``."""
+        if self._capturing(stream):
+            self._memset(in_workspace, 0, SkinnyFFN.SYNC_BYTES, stream)
+            return in_workspace
+        kept = self._sync.get(stream)
+        if kept is None:
+            buf, ptr = self.frame.workspace(stream, SkinnyFFN.SYNC_BYTES)
+            self._memset(ptr, 0, SkinnyFFN.SYNC_BYTES, stream)
+            kept = self._sync[stream] = (buf, ptr)
+        return kept[1]
 
 
 _LAYER = _launch.Cache("moe.layer")

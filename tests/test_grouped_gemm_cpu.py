@@ -86,6 +86,30 @@ def test_skinny_tiles_compile_without_spills(arch):
         assert r.spills == 0 and r.stack_bytes == 0, f"{arch} {expr}: {r}"
 
 
+@pytest.mark.slow
+@pytest.mark.parametrize("arch", ["sm_80", "sm_90a"])
+def test_fused_ffn_compiles_without_spills(arch):
+    """The decode-sized FFN in one launch (moe_ffn_skinny) for the skinny tile pairs the planner gives the decode
+    suite's layers (E64 top-8 2048 / 1408 and seed 004's 4096 / 11008 at T1 and T4), bf16 and fp16."""
+    from moe.grouped_gemm import ffn_name_expression
+
+    G = gemm_configs.GemmProblem
+    exprs = set()
+    for spec in (device.profile("h100"), device.profile("a100_80gb")):
+        for experts, top_k, hidden, inter in ((64, 8, 2048, 1408), (32, 2, 4096, 11008)):
+            for tokens in (1, 4):
+                rows = tokens * top_k
+                up = gemm_configs.plan(G(rows=rows, n=2 * inter, k=hidden, experts=experts, dtype="bf16",
+                                         epilogue="swiglu"), spec).config
+                down = gemm_configs.plan(G(rows=rows, n=hidden, k=inter, experts=experts, dtype="bf16"), spec).config
+                for dt in (BF16, np.float16):
+                    exprs.add(ffn_name_expression(up, down, dt))
+    for expr, r in compile.compile_offline(SOURCE, sorted(exprs), arch).items():
+        assert r.spills == 0 and r.stack_bytes == 0 and not r.performance_warnings, f"{arch} {expr}: {r}"
+    with pytest.raises(ValueError, match="same block_m"):
+        ffn_name_expression(gemm_configs.SKINNY[0], gemm_configs.SKINNY[-1], BF16)
+
+
 def test_decode_sized_groups_take_skinny_tiles():
     spec = device.profile("h100")
     G = gemm_configs.GemmProblem

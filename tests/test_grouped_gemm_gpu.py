@@ -372,9 +372,54 @@ def test_layer_decode_sizes(tokens, experts, top_k):
     assert call.fused_gather and call.up.config.kind == "skinny" and call.down.config.kind == "skinny"
     # fewer rows than experts: both GEMMs list the experts from the routing's counts and prefetch before their wait
     assert (call.up.early > 0 and call.down.early > 0) == (tokens * top_k < experts), (call.up.early, call.down.early)
+    assert (call.ffn is not None) == (tokens * top_k < experts)  # and then one launch for both (moe_ffn_skinny)
     ref = reference_forward(x, router, w_up, w_down, top_k)
     naive = _naive(reference_forward(x, router, w_up, w_down, top_k, round_to=dtypes.BF16), dtypes.BF16)
     checks.compare(out, ref, tol=TOL["bf16"], naive=naive, name=f"decode layer T{tokens}").raise_if_failed()
+
+
+@pytest.mark.parametrize("tokens,experts,top_k,early", [(1, 64, 8, True), (3, 16, 4, True), (20, 60, 2, False)])
+def test_fused_ffn_equals_two_launches(tokens, experts, top_k, early):
+    """The decode-sized FFN in one launch (down items waiting on per-expert counters) is bitwise the two skinny
+    GEMMs it replaces, call after call (the counters left zeroed), and under a CUDA graph with fresh inputs; with
+    the experts listed before the programmatic wait (early) and after it."""
+    import cupy
+
+    from moe import layer as layer_mod
+
+    x, router, w_up, w_down = _layer(tokens, 256, 192, experts, top_k, dtypes.BF16, "swiglu", seed=tokens + 11)
+    outs = {}
+    layer_mod.EARLY_WEIGHTS = early
+    try:
+        for fused in (False, True):
+            layer_mod.FUSED_FFN = fused
+            layer_mod._LAYER.clear()
+            layer = MoELayer(router, w_up, w_down, top_k)
+            outs[fused] = [layer(x) for _ in range(3)]
+            key = (*(layer_mod._launch.view(t)[0] for t in (x, layer.router_b, layer.w_gate_up, layer.w_down)),
+                   top_k, "swiglu")
+            call = layer_mod._LAYER.get(key)
+            assert (call.ffn is not None) == fused and (call.up.early > 0) == early
+        for a, b in zip(outs[False], outs[True]):
+            assert bool((a == b).all())
+        x2 = dtypes.random(x.shape, dtypes.BF16, seed=99)
+        eager2 = layer(x2)
+        cupy.cuda.Device().synchronize()
+        stream = cupy.cuda.Stream(non_blocking=True)
+        with stream:
+            static_x = x.copy()
+            stream.begin_capture()
+            out = layer(static_x)
+            graph = stream.end_capture()
+            for xi, want in ((x, outs[True][0]), (x2, eager2), (x, outs[True][0])):
+                static_x[...] = xi
+                checks.poison(out)
+                graph.launch()
+                stream.synchronize()
+                assert bool((out == want).all())
+    finally:
+        layer_mod.FUSED_FFN = layer_mod.EARLY_WEIGHTS = True
+        layer_mod._LAYER.clear()
 
 
 def test_layer_is_graph_capturable():

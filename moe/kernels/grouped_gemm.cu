@@ -940,28 +940,168 @@ __device__ __forceinline__ unsigned u4_at(const uint4& v, int i) {
     return i == 0 ? v.x : i == 1 ? v.y : i == 2 ? v.z : v.w;
 }
 
-template <typename T, typename TO, int BM, int MI, int WN, int KS, int U, int EPI>
-__global__ void __launch_bounds__(WN * KS * 32)
-moe_grouped_gemm_skinny(const T* __restrict__ a, const T* __restrict__ b, TO* __restrict__ out,
-                        const int* __restrict__ offsets, const float* __restrict__ row_scale, int experts, int N,
-                        int K, const int* __restrict__ a_index, int a_div,
-                        const int* __restrict__ early_counts, int early) {
+// One item of the skinny tiles: weight rows [nb BN, nb BN + BN) of group e against the group's rows, in passes of
+// BM rows; the CTA's KS warps along K meet in `partial` ([KS][BM][BN + 4] fp32); ends with __syncthreads.
+// FRESH_A: a was written by this grid (the fused FFN's h), so it is read through L2 (ld.global.cg), not the
+// read-only path.
+template <typename T, typename TO, int BM, int MI, int WN, int KS, int U, int EPI, bool FRESH_A>
+__device__ __forceinline__ void skinny_item(const T* __restrict__ a, const T* __restrict__ b, TO* __restrict__ out,
+                                            const int* __restrict__ offsets, const float* __restrict__ row_scale,
+                                            int e, int nb, int N, int K, const int* __restrict__ a_index, int a_div,
+                                            float* __restrict__ partial) {
     static_assert(BM % 8 == 0 && BM <= 64, "BM: whole n8 tiles, at most 64 rows per pass");
     static_assert(EPI != EPI_SWIGLU || sizeof(TO) == sizeof(T), "SwiGLU writes the input dtype");
     constexpr int NT = BM / 8, BN = 16 * MI * WN, THREADS = WN * KS * 32, STRIDE = BN + 4;
     constexpr int BN_OUT = EPI == EPI_SWIGLU ? BN / 2 : BN;
-    extern __shared__ float partial[];  // [KS][BM][STRIDE], then the non-empty groups and their count
-    int* groups = reinterpret_cast<int*>(partial + KS * BM * STRIDE);
-    int* group_count = groups + SKINNY_MAX_GROUPS;
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, q = lane & 3;
     const int kg = warp % KS, ng = warp / KS;
+    const int chunks = (K + 31) / 32;
+    const int c_lo = kg * chunks / KS, c_hi = (kg + 1) * chunks / KS;
+    const int n_out_total = EPI == EPI_SWIGLU ? N / 2 : N;
+    const uint4 zero = make_uint4(0u, 0u, 0u, 0u);
+    float* mine = partial + kg * BM * STRIDE;
+    const T* wrow[MI][2];
+    bool wok[MI][2];
+#pragma unroll
+    for (int i = 0; i < MI; ++i)
+#pragma unroll
+        for (int h = 0; h < 2; ++h) {
+            const int n = nb * BN + ng * 16 * MI + i * 16 + g + 8 * h;
+            wok[i][h] = n < N;
+            wrow[i][h] = b + ((size_t)e * N + min(n, N - 1)) * K + 8 * q;
+        }
+    const int row0 = offsets[e], count = offsets[e + 1] - row0;
+    for (int p0 = 0; p0 < count; p0 += BM) {
+        const int nt = min(NT, (count - p0 + 7) / 8);
+        const T* xrow[NT];
+        bool xok[NT];
+#pragma unroll
+        for (int j = 0; j < NT; ++j) {
+            const int r = p0 + j * 8 + g;
+            xok[j] = r < count;
+            const int src = !xok[j] ? row0 : a_index != nullptr ? a_index[row0 + r] / a_div : row0 + r;
+            xrow[j] = a + (size_t)src * K + 8 * q;
+        }
+        float acc[MI][NT][4];
+#pragma unroll
+        for (int i = 0; i < MI; ++i)
+#pragma unroll
+            for (int j = 0; j < NT; ++j) acc[i][j][0] = acc[i][j][1] = acc[i][j][2] = acc[i][j][3] = 0.f;
 
-    if (early == 0) pdl::enter();  // decode-sized GEMMs are one wave of CTAs (the grid is what fits at once)
+        for (int c0 = c_lo; c0 < c_hi; c0 += U) {
+            uint4 w[U][MI][2], x[U][NT];
+#pragma unroll
+            for (int u = 0; u < U; ++u) {
+                const int k = (c0 + u) * 32;
+                const bool ok = c0 + u < c_hi && k + 8 * q < K;
+#pragma unroll
+                for (int i = 0; i < MI; ++i)
+#pragma unroll
+                    for (int h = 0; h < 2; ++h)
+                        w[u][i][h] = ok && wok[i][h] ? ld_stream_16(wrow[i][h] + k) : zero;
+            }
+#pragma unroll
+            for (int u = 0; u < U; ++u) {
+                const int k = (c0 + u) * 32;
+                const bool ok = c0 + u < c_hi && k + 8 * q < K;
+#pragma unroll
+                for (int j = 0; j < NT; ++j)
+                    if (j < nt)
+                        x[u][j] = !(ok && xok[j]) ? zero
+                                  : FRESH_A ? __ldcg(reinterpret_cast<const uint4*>(xrow[j] + k))
+                                            : __ldg(reinterpret_cast<const uint4*>(xrow[j] + k));
+            }
+#pragma unroll
+            for (int u = 0; u < U; ++u)
+#pragma unroll
+                for (int s = 0; s < 2; ++s)
+#pragma unroll
+                    for (int i = 0; i < MI; ++i) {
+                        const unsigned fa[4] = {u4_at(w[u][i][0], 2 * s), u4_at(w[u][i][1], 2 * s),
+                                                u4_at(w[u][i][0], 2 * s + 1), u4_at(w[u][i][1], 2 * s + 1)};
+#pragma unroll
+                        for (int j = 0; j < NT; ++j)
+                            if (j < nt) {
+                                const unsigned fb[2] = {u4_at(x[u][j], 2 * s), u4_at(x[u][j], 2 * s + 1)};
+                                mma::mma_16816<T>(acc[i][j], fa, fb);
+                            }
+                    }
+        }
+        // C fragment: weight rows (g, g + 8) of tile i, group rows (2q, 2q + 1) of n8 tile j
+#pragma unroll
+        for (int i = 0; i < MI; ++i)
+#pragma unroll
+            for (int j = 0; j < NT; ++j)
+                if (j < nt) {
+                    const int n = ng * 16 * MI + i * 16 + g, t = j * 8 + 2 * q;
+                    mine[t * STRIDE + n] = acc[i][j][0];
+                    mine[(t + 1) * STRIDE + n] = acc[i][j][1];
+                    mine[t * STRIDE + n + 8] = acc[i][j][2];
+                    mine[(t + 1) * STRIDE + n + 8] = acc[i][j][3];
+                }
+        __syncthreads();
+        const int rows_here = min(BM, count - p0);
+        for (int idx = threadIdx.x; idx < rows_here * BN_OUT; idx += THREADS) {
+            const int t = idx / BN_OUT, c = idx % BN_OUT;
+            const int col = nb * BN_OUT + c;
+            if (col >= n_out_total) continue;
+            const int r = row0 + p0 + t;
+            float v;
+            if constexpr (EPI == EPI_SWIGLU) {
+                float gate = 0.f, up = 0.f;
+#pragma unroll
+                for (int s = 0; s < KS; ++s) {
+                    gate += partial[(s * BM + t) * STRIDE + 2 * c];
+                    up += partial[(s * BM + t) * STRIDE + 2 * c + 1];
+                }
+                v = silu(gate) * up;
+            } else {
+                v = 0.f;
+#pragma unroll
+                for (int s = 0; s < KS; ++s) v += partial[(s * BM + t) * STRIDE + c];
+                v = activate<EPI>(v);
+            }
+            if (row_scale != nullptr) v *= row_scale[r];
+            if constexpr (sizeof(TO) == 4) out[(size_t)r * n_out_total + col] = v;
+            else out[(size_t)r * n_out_total + col] = mma::Convert<TO>::from(v);
+        }
+        __syncthreads();
+    }
+}
+
+// The first `early` bytes of the weights of a CTA's items (blockIdx.x + i * gridDim.x, i < 4), asked of L2 with
+// one bulk prefetch per item (an item's BN rows are contiguous): b is never written by a kernel, so before the
+// programmatic wait. `items` counts items of n_blocks weight blocks per listed group.
+template <typename T, int BN>
+__device__ __forceinline__ void skinny_prefetch(const T* __restrict__ b, const int* __restrict__ groups, int items,
+                                                int n_blocks, int N, int K, long long early) {
+    const long long item_bytes = (long long)BN * K * sizeof(T), left = early - threadIdx.x * item_bytes;
+    if (threadIdx.x < 4 && left >= 16) {
+        const int item = blockIdx.x + threadIdx.x * gridDim.x;
+        if (item < items) {
+            const int e = groups[item / n_blocks], n0 = (item % n_blocks) * BN;
+            const long long whole = (long long)min(BN, N - n0) * K * sizeof(T);
+            const unsigned bytes = (unsigned)(min(whole, left) & ~15ll);
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+            asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;\n"
+                         :: "l"(b + ((size_t)e * N + n0) * K), "r"(bytes) : "memory");
+#else
+            (void)e; (void)bytes;  // no bulk prefetch before sm_90 (nor programmatic launch)
+#endif
+        }
+    }
+}
+
+// The non-empty groups (counts[e] > 0 when counts is given, else offsets[e + 1] > offsets[e]) listed in shared
+// memory by warp 0; returns their number to every thread.
+__device__ __forceinline__ int skinny_list_groups(const int* __restrict__ counts, const int* __restrict__ offsets,
+                                                  int experts, int* groups, int* group_count) {
+    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
     if (warp == 0) {
         int seen = 0;
         for (int e0 = 0; e0 < experts; e0 += 32) {
             const int ex = e0 + lane;
-            const bool has = ex < experts && (early > 0 ? early_counts[ex] > 0 : offsets[ex + 1] > offsets[ex]);
+            const bool has = ex < experts && (counts != nullptr ? counts[ex] > 0 : offsets[ex + 1] > offsets[ex]);
             const unsigned m = __ballot_sync(0xffffffffu, has);
             if (has) groups[seen + __popc(m & ((1u << lane) - 1u))] = ex;
             seen += __popc(m);
@@ -969,138 +1109,92 @@ moe_grouped_gemm_skinny(const T* __restrict__ a, const T* __restrict__ b, TO* __
         if (lane == 0) *group_count = seen;
     }
     __syncthreads();
+    return *group_count;
+}
+
+template <typename T, typename TO, int BM, int MI, int WN, int KS, int U, int EPI>
+__global__ void __launch_bounds__(WN * KS * 32)
+moe_grouped_gemm_skinny(const T* __restrict__ a, const T* __restrict__ b, TO* __restrict__ out,
+                        const int* __restrict__ offsets, const float* __restrict__ row_scale, int experts, int N,
+                        int K, const int* __restrict__ a_index, int a_div,
+                        const int* __restrict__ early_counts, int early) {
+    constexpr int BN = 16 * MI * WN;
+    extern __shared__ float partial[];  // [KS][BM][BN + 4], then the non-empty groups and their count
+    int* groups = reinterpret_cast<int*>(partial + KS * BM * (BN + 4));
+
+    if (early == 0) pdl::enter();  // decode-sized GEMMs are one wave of CTAs (the grid is what fits at once)
+    const int listed = skinny_list_groups(early > 0 ? early_counts : nullptr, offsets, experts, groups,
+                                          groups + SKINNY_MAX_GROUPS);
     const int n_blocks = (N + BN - 1) / BN;
-    const int items = *group_count * n_blocks;
-    if (early > 0) {  // the first items' weights into L2 (b is never written by a kernel), then the wait
-        const long long item_bytes = (long long)BN * K * sizeof(T), left = early - threadIdx.x * item_bytes;
-        if (threadIdx.x < 4 && left >= 16) {
-            const int item = blockIdx.x + threadIdx.x * gridDim.x;
-            if (item < items) {
-                const int e = groups[item / n_blocks], n0 = (item % n_blocks) * BN;
-                const long long whole = (long long)min(BN, N - n0) * K * sizeof(T);
-                const unsigned bytes = (unsigned)(min(whole, left) & ~15ll);
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-                asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;\n"
-                             :: "l"(b + ((size_t)e * N + n0) * K), "r"(bytes) : "memory");
-#else
-                (void)e; (void)bytes;  // no bulk prefetch before sm_90 (nor programmatic launch)
-#endif
-            }
-        }
+    const int items = listed * n_blocks;
+    if (early > 0) {  // the first items' weights into L2, then the wait
+        skinny_prefetch<T, BN>(b, groups, items, n_blocks, N, K, early);
         pdl::enter();
     }
-    const int chunks = (K + 31) / 32;
-    const int c_lo = kg * chunks / KS, c_hi = (kg + 1) * chunks / KS;
-    const int n_out_total = EPI == EPI_SWIGLU ? N / 2 : N;
-    const uint4 zero = make_uint4(0u, 0u, 0u, 0u);
-    float* mine = partial + kg * BM * STRIDE;
+    for (int item = blockIdx.x; item < items; item += gridDim.x)
+        skinny_item<T, TO, BM, MI, WN, KS, U, EPI, false>(a, b, out, offsets, row_scale, groups[item / n_blocks],
+                                                          item % n_blocks, N, K, a_index, a_div, partial);
+}
 
+// ---------------------------------------------------------------- the decode-sized expert FFN in one launch
+//
+// moe_ffn_skinny: the up-projection (SwiGLU, token rows gathered through a_index) and the down-projection (row
+// scale) of a decode-sized layer as one persistent grid of skinny items: the up items of every listed group
+// first, then the down items, each CTA striding over the joined list. A down item of group slot s needs every
+// up item of s (h's rows of the group, all columns): the CTA that finishes an up item publishes it (fence, then
+// an atomic add on sync[s]), and a down item waits until sync[s] counts all of s's up items (an acquire load),
+// then reads h through L2 (a down item's weights asked of L2 before that wait measured no gain: not done). No deadlock: the grid is what fits at once (all
+// CTAs resident), each CTA takes its items in increasing order, and every up item comes before every down item,
+// so the lowest unfinished item never waits. The down items' completions count in sync[SKINNY_MAX_GROUPS + s];
+// the last of a slot sets both counters back to zero, so the next launch finds them zeroed (the caller zeroes
+// the buffer once). Saves the second launch and its ramp: the down items of the first groups stream while the
+// up items of the last ones finish.
+template <typename T, int BM, int MI1, int WN1, int KS1, int MI2, int WN2, int KS2, int U>
+__global__ void __launch_bounds__(256)
+moe_ffn_skinny(const T* __restrict__ x, const T* __restrict__ w_up, T* __restrict__ h, const T* __restrict__ w_down,
+               T* __restrict__ y, const int* __restrict__ offsets, const float* __restrict__ row_weight,
+               int experts, int n_up, int hidden, int inter, const int* __restrict__ a_index, int a_div,
+               const int* __restrict__ early_counts, int early, int* __restrict__ sync) {
+    static_assert(WN1 * KS1 == 8 && WN2 * KS2 == 8, "8 warps in both phases");
+    constexpr int BN1 = 16 * MI1 * WN1, BN2 = 16 * MI2 * WN2;
+    constexpr int P1 = KS1 * BM * (BN1 + 4), P2 = KS2 * BM * (BN2 + 4), PMAX = P1 > P2 ? P1 : P2;
+    extern __shared__ float partial[];  // the larger phase's [KS][BM][BN + 4], then the groups and their count
+    int* groups = reinterpret_cast<int*>(partial + PMAX);
+
+    if (early == 0) pdl::enter();
+    const int listed = skinny_list_groups(early > 0 ? early_counts : nullptr, offsets, experts, groups,
+                                          groups + SKINNY_MAX_GROUPS);
+    const int nb1 = (n_up + BN1 - 1) / BN1, nb2 = (hidden + BN2 - 1) / BN2;
+    const int items1 = listed * nb1, items = items1 + listed * nb2;
+    if (early > 0) {
+        skinny_prefetch<T, BN1>(w_up, groups, items1, nb1, n_up, hidden, early);
+        pdl::enter();
+    }
     for (int item = blockIdx.x; item < items; item += gridDim.x) {
-        const int e = groups[item / n_blocks], nb = item % n_blocks;
-        const T* wrow[MI][2];
-        bool wok[MI][2];
-#pragma unroll
-        for (int i = 0; i < MI; ++i)
-#pragma unroll
-            for (int h = 0; h < 2; ++h) {
-                const int n = nb * BN + ng * 16 * MI + i * 16 + g + 8 * h;
-                wok[i][h] = n < N;
-                wrow[i][h] = b + ((size_t)e * N + min(n, N - 1)) * K + 8 * q;
+        if (item < items1) {
+            const int slot = item / nb1;
+            skinny_item<T, T, BM, MI1, WN1, KS1, U, EPI_SWIGLU, false>(x, w_up, h, offsets, nullptr, groups[slot],
+                                                                      item % nb1, n_up, hidden, a_index, a_div,
+                                                                      partial);
+            if (threadIdx.x == 0) {  // h's columns of this item are stored (the item ended with __syncthreads)
+                __threadfence();
+                atomicAdd(sync + slot, 1);
             }
-        const int row0 = offsets[e], count = offsets[e + 1] - row0;
-        for (int p0 = 0; p0 < count; p0 += BM) {
-            const int nt = min(NT, (count - p0 + 7) / 8);
-            const T* xrow[NT];
-            bool xok[NT];
-#pragma unroll
-            for (int j = 0; j < NT; ++j) {
-                const int r = p0 + j * 8 + g;
-                xok[j] = r < count;
-                const int src = !xok[j] ? row0 : a_index != nullptr ? a_index[row0 + r] / a_div : row0 + r;
-                xrow[j] = a + (size_t)src * K + 8 * q;
-            }
-            float acc[MI][NT][4];
-#pragma unroll
-            for (int i = 0; i < MI; ++i)
-#pragma unroll
-                for (int j = 0; j < NT; ++j) acc[i][j][0] = acc[i][j][1] = acc[i][j][2] = acc[i][j][3] = 0.f;
-
-            for (int c0 = c_lo; c0 < c_hi; c0 += U) {
-                uint4 w[U][MI][2], x[U][NT];
-#pragma unroll
-                for (int u = 0; u < U; ++u) {
-                    const int k = (c0 + u) * 32;
-                    const bool ok = c0 + u < c_hi && k + 8 * q < K;
-#pragma unroll
-                    for (int i = 0; i < MI; ++i)
-#pragma unroll
-                        for (int h = 0; h < 2; ++h)
-                            w[u][i][h] = ok && wok[i][h] ? ld_stream_16(wrow[i][h] + k) : zero;
-                }
-#pragma unroll
-                for (int u = 0; u < U; ++u) {
-                    const int k = (c0 + u) * 32;
-                    const bool ok = c0 + u < c_hi && k + 8 * q < K;
-#pragma unroll
-                    for (int j = 0; j < NT; ++j)
-                        if (j < nt)
-                            x[u][j] = ok && xok[j] ? __ldg(reinterpret_cast<const uint4*>(xrow[j] + k)) : zero;
-                }
-#pragma unroll
-                for (int u = 0; u < U; ++u)
-#pragma unroll
-                    for (int s = 0; s < 2; ++s)
-#pragma unroll
-                        for (int i = 0; i < MI; ++i) {
-                            const unsigned fa[4] = {u4_at(w[u][i][0], 2 * s), u4_at(w[u][i][1], 2 * s),
-                                                    u4_at(w[u][i][0], 2 * s + 1), u4_at(w[u][i][1], 2 * s + 1)};
-#pragma unroll
-                            for (int j = 0; j < NT; ++j)
-                                if (j < nt) {
-                                    const unsigned fb[2] = {u4_at(x[u][j], 2 * s), u4_at(x[u][j], 2 * s + 1)};
-                                    mma::mma_16816<T>(acc[i][j], fa, fb);
-                                }
-                        }
-            }
-            // C fragment: weight rows (g, g + 8) of tile i, group rows (2q, 2q + 1) of n8 tile j
-#pragma unroll
-            for (int i = 0; i < MI; ++i)
-#pragma unroll
-                for (int j = 0; j < NT; ++j)
-                    if (j < nt) {
-                        const int n = ng * 16 * MI + i * 16 + g, t = j * 8 + 2 * q;
-                        mine[t * STRIDE + n] = acc[i][j][0];
-                        mine[(t + 1) * STRIDE + n] = acc[i][j][1];
-                        mine[t * STRIDE + n + 8] = acc[i][j][2];
-                        mine[(t + 1) * STRIDE + n + 8] = acc[i][j][3];
-                    }
-            __syncthreads();
-            const int rows_here = min(BM, count - p0);
-            for (int idx = threadIdx.x; idx < rows_here * BN_OUT; idx += THREADS) {
-                const int t = idx / BN_OUT, c = idx % BN_OUT;
-                const int col = nb * BN_OUT + c;
-                if (col >= n_out_total) continue;
-                const int r = row0 + p0 + t;
-                float v;
-                if constexpr (EPI == EPI_SWIGLU) {
-                    float gate = 0.f, up = 0.f;
-#pragma unroll
-                    for (int s = 0; s < KS; ++s) {
-                        gate += partial[(s * BM + t) * STRIDE + 2 * c];
-                        up += partial[(s * BM + t) * STRIDE + 2 * c + 1];
-                    }
-                    v = silu(gate) * up;
-                } else {
-                    v = 0.f;
-#pragma unroll
-                    for (int s = 0; s < KS; ++s) v += partial[(s * BM + t) * STRIDE + c];
-                    v = activate<EPI>(v);
-                }
-                if (row_scale != nullptr) v *= row_scale[r];
-                if constexpr (sizeof(TO) == 4) out[(size_t)r * n_out_total + col] = v;
-                else out[(size_t)r * n_out_total + col] = mma::Convert<TO>::from(v);
+        } else {
+            const int j = item - items1, slot = j / nb2, nb = j % nb2;
+            if (threadIdx.x == 0) {
+                int done;
+                do {
+                    asm volatile("ld.acquire.gpu.global.s32 %0, [%1];\n" : "=r"(done) : "l"(sync + slot) : "memory");
+                } while (done < nb1);
             }
             __syncthreads();
+            skinny_item<T, T, BM, MI2, WN2, KS2, U, EPI_NONE, true>(h, w_down, y, offsets, row_weight, groups[slot],
+                                                                   nb, hidden, inter, nullptr, 1, partial);
+            if (threadIdx.x == 0 && atomicAdd(sync + SKINNY_MAX_GROUPS + slot, 1) == nb2 - 1) {
+                sync[slot] = 0;  // every down item of the slot is past its wait: both counters back to zero
+                sync[SKINNY_MAX_GROUPS + slot] = 0;
+            }
         }
     }
 }
