@@ -296,14 +296,21 @@ class SkinnyFFN:
 
     @staticmethod
     def fits(up: "GemmCall", down: "GemmCall") -> bool:
-        """Both GEMMs skinny with the same rows per pass, the up-projection gathering with SwiGLU, and fewer rows
-        than experts: a short stream over a few touched experts, where the second launch's start is what the
-        fusion saves (H100: E64 top-8 T1 -5 %, T4 -3 %, seed 004 T1 / T4 level; with every expert touched, T16
-        / T64, it was 4-5 % slower than the two launches)."""
-        return (not up.empty and not down.empty and up.config.kind == down.config.kind == "skinny"
-                and up.problem.rows < up.problem.experts
-                and up.config.block_m == down.config.block_m and up.gather > 0 and up.problem.epilogue == "swiglu"
-                and down.problem.epilogue is None and up.out_dtype == up.problem.dtype)
+        """``planned`` for two made calls: the up-projection gathering (skinny plans do) with SwiGLU into its own
+        dtype, the down-projection plain."""
+        return (not up.empty and not down.empty and up.gather > 0 and up.problem.epilogue == "swiglu"
+                and down.problem.epilogue is None and up.out_dtype == up.problem.dtype
+                and SkinnyFFN.planned(up.config, down.config, up.problem))
+
+    @staticmethod
+    def planned(up: gemm_configs.GemmConfig, down: gemm_configs.GemmConfig, problem: gemm_configs.GemmProblem) -> bool:
+        """Whether a layer whose expert GEMMs got the tiles ``up`` and ``down`` (``problem``: the up-projection's)
+        runs them as one launch: both skinny with the same rows per pass, and fewer rows than experts: a short
+        stream over a few touched experts, where the second launch's start is what the fusion saves (H100: E64
+        top-8 T1 -5 %, T4 -3 %, seed 004 T1 / T4 level; with every expert touched, T16 / T64, it was 4-5 % slower
+        than the two launches)."""
+        return (up.kind == down.kind == "skinny" and up.block_m == down.block_m
+                and problem.rows < problem.experts)
 
     def __init__(self, up: "GemmCall", down: "GemmCall", dtype: np.dtype, top_k: int, early: bool):
         import cupy
