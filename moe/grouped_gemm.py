@@ -331,7 +331,6 @@ class SkinnyFFN:
                 kern, (grid,), (256,),
                 (P(0), P(1), P(2), P(3), P(4), P(5), P(6), np.int32(pu.experts), np.int32(pu.n), np.int32(pu.k),
                  np.int32(pd.k), P(7), np.int32(top_k), P(8), np.int32(self.early), P(9)), smem=smem, pdl=True)
-        self.name = name
 
     def enqueue(self, stream: int, px: int, w_up: int, h: int, w_down: int, y: int, offsets: int, row_weight: int,
                 sorted_slots: int, counts: int, sync: int) -> None:

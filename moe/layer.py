@@ -46,7 +46,8 @@ ACTIVATIONS = ("swiglu", "gelu")
 # launches or more before them, and prefetch their first weights into L2 before their programmatic wait: the weight
 # stream starts under the permutation / the up-projection's last CTAs (GemmCall early=).
 EARLY_WEIGHTS = True
-# Both expert GEMMs skinny (decode-sized groups): one launch of moe_ffn_skinny instead of two (SkinnyFFN)
+# Both expert GEMMs skinny (decode-sized groups) over fewer rows than experts: one launch of moe_ffn_skinny instead
+# of two (SkinnyFFN.planned)
 FUSED_FFN = True
 
 
