@@ -110,6 +110,22 @@ def test_fused_ffn_compiles_without_spills(arch):
         ffn_name_expression(gemm_configs.SKINNY[0], gemm_configs.SKINNY[-1], BF16)
 
 
+def test_fused_ffn_only_where_fewer_rows_than_experts():
+    """The decode suite's layers on the H100 profile: the two expert GEMMs run as one launch at T1 and T4 (fewer rows
+    than experts), as two from T16 with 64 experts (every expert touched: measured slower fused)."""
+    from moe.grouped_gemm import SkinnyFFN
+
+    G, spec = gemm_configs.GemmProblem, device.profile("h100")
+    for experts, top_k, hidden, inter, fused_up_to in ((64, 8, 2048, 1408, 4), (32, 2, 4096, 11008, 4)):
+        for tokens in (1, 4, 16, 64):
+            up_problem = G(rows=tokens * top_k, n=2 * inter, k=hidden, experts=experts, dtype="bf16", epilogue="swiglu")
+            up = gemm_configs.plan(up_problem, spec).config
+            down = gemm_configs.plan(G(rows=tokens * top_k, n=hidden, k=inter, experts=experts, dtype="bf16"),
+                                     spec).config
+            want = tokens <= fused_up_to
+            assert SkinnyFFN.planned(up, down, up_problem) == want, (experts, tokens, up, down)
+
+
 def test_decode_sized_groups_take_skinny_tiles():
     spec = device.profile("h100")
     G = gemm_configs.GemmProblem
