@@ -168,7 +168,8 @@ def gemm_cases():
 
 def skinny_cases():
     """The decode-sized tiles: groups of 0-20 rows (two passes of 8), N and K tails, fp32 out, every split, and a
-    decode-sized layer whose up-projection gathers the token rows itself."""
+    decode-sized layer whose up-projection gathers the token rows itself (fewer rows than experts: both expert GEMMs
+    in one launch, moe_ffn_skinny, with the early weight prefetch)."""
     from moe import MoELayer, gemm_configs, grouped_gemm
 
     counts = [0, 1, 9, 0, 20, 3]
