@@ -19,6 +19,7 @@ from cukernels import dtypes, tiling, tune
 from cukernels.device import DeviceSpec
 
 EPILOGUES = {None: 0, "swiglu": 1, "gelu": 2, "rope64": 3, "rope128": 4, "rope256": 5}
+NAMED_EPILOGUES = (None, "swiglu", "gelu")  # the epilogues a caller names (the rotary ones come with rotary=)
 # rotary embedding on the leading output columns (``grouped_gemm(rotary=...)``), by head dim: tma tiles only
 ROPE = {64: "rope64", 128: "rope128", 256: "rope256"}
 # stages of (block_m + block_n) x 64 that fit beside the staging buffers, by (block_m, block_n); with clusters
@@ -157,7 +158,7 @@ class GemmConfig:
         if self.kind == "tma":
             whole = self.split_k == 1 and self.cluster_k == 1 and self.cluster_m == 1
             return (None, "swiglu") + tuple(e for hd, e in ROPE.items() if whole and self.block_n % hd == 0)
-        return (None, "swiglu") if self.kind == "wgmma" else (None, "swiglu", "gelu")
+        return (None, "swiglu") if self.kind == "wgmma" else NAMED_EPILOGUES
 
     def smem_bytes(self) -> int:
         """The pipeline buffers (the epilogue's staging tile reuses them) and 16 bytes for the work item; wgmma
@@ -406,6 +407,14 @@ def skinny_config(problem: GemmProblem, spec: DeviceSpec) -> tuple[GemmConfig, s
     return cfg, f"~{avg:.1f} rows per group over {groups} groups: {ctas} CTAs, the most a split gives"
 
 
+def few_experts_touched(problem: GemmProblem) -> bool:
+    """Fewer rows than experts (a decode step of a few tokens): the weight stream is short and covers only some
+    experts, so its start and end are what a skinny plan's time is made of. The layer then lists the touched
+    experts early and prefetches their weights (GemmCall early=) and runs both expert GEMMs as one launch
+    (SkinnyFFN); with every expert touched both measured slower (docs/perf/grouped_gemm.md v4.3, v4.4)."""
+    return problem.rows < problem.experts
+
+
 def plan_skinny(problem: GemmProblem, spec: DeviceSpec) -> tiling.Plan | None:
     """The skinny tile's plan when the groups are decode-sized (None otherwise)."""
     groups = max(1, min(problem.experts, problem.rows))
@@ -537,7 +546,7 @@ def variants(spec: DeviceSpec) -> list[GemmConfig]:
     """Every config the planner can return on ``spec`` (the first fitting one of each preference list)."""
     check_arch(spec)
     out = []
-    for epilogue in (None, "swiglu", "gelu"):  # the rotary epilogues run on the same tma tiles
+    for epilogue in NAMED_EPILOGUES:  # the rotary epilogues run on the same tma tiles
         for candidates in (LARGE_ORDER, LARGE_NO_TMA, MEDIUM + SMALL, TMA_128 + LARGE_NO_TMA):
             fitting = [c for c in _for_device(candidates, spec) if epilogue in c.epilogues()]
             cfg = tiling.choose(fitting, spec, reason="").config

@@ -50,9 +50,6 @@ SPLIT_KEEP_BYTES = 64 << 20  # a split-K call keeps partial-sum scratch up to th
 _DTYPES = (dtypes.FP16, dtypes.BF16)
 
 
-PUBLIC_EPILOGUES = (None, "swiglu", "gelu")  # the rotary epilogues come with ``rotary=``
-
-
 def _validate_rotary(rotary, offsets, epilogue, n: int) -> str:
     """The rotary epilogue's name (``rope<head dim>``) after checking ``rotary = (cos, sin, cols)``."""
     if not (isinstance(rotary, tuple) and len(rotary) == 3):
@@ -81,8 +78,8 @@ def _validate_rotary(rotary, offsets, epilogue, n: int) -> str:
 
 def validate(a, b, offsets, *, epilogue=None, row_scale=None, out_dtype=None, rotary=None) -> gemm_configs.GemmProblem:
     """Check shapes, dtypes and layout from the arrays' attributes alone (no GPU needed); return the problem."""
-    if epilogue not in PUBLIC_EPILOGUES:
-        raise ValueError(f"epilogue must be one of {list(PUBLIC_EPILOGUES)}, got {epilogue!r}")
+    if epilogue not in gemm_configs.NAMED_EPILOGUES:  # the rotary epilogues come with ``rotary=``
+        raise ValueError(f"epilogue must be one of {list(gemm_configs.NAMED_EPILOGUES)}, got {epilogue!r}")
     if out_dtype is not None and np.dtype(out_dtype) not in (np.dtype(np.float32), dtypes.storage(a)):
         raise TypeError(f"out_dtype must be None, float32 or a's dtype {dtypes.text(a)}, got {np.dtype(out_dtype)}")
     fp32_out = out_dtype is not None and np.dtype(out_dtype) == np.float32
@@ -238,15 +235,13 @@ class GemmCall:
     def _early_bytes(problem: gemm_configs.GemmProblem, config, grid: int) -> int:
         """Bytes of its first items' weights a skinny CTA asks L2 for before its programmatic wait (``early``: the
         call's ``pcounts``, the groups' row counts, were written two launches back or more); 0 (no early start)
-        unless fewer rows than experts (a short stream over a few touched experts, where the start is what costs).
-        At most ``EARLY_L2_SHARE`` of the L2 over the grid, at most four items per CTA. H100 (docs/perf/
-        grouped_gemm.md v4.3): E64 top-8 T1 -2 to -3 %, seed 004 T1 -3 %, T4 rows -1 to -2 %; the whole L2 was
-        worse than half (T1 +2 % over no prefetch), and a full item per CTA with every expert touched (T64: 135 MB
-        asked of a 50 MB L2) +1.3 %."""
-        if problem.rows >= problem.experts:
+        unless ``gemm_configs.few_experts_touched``. At most ``EARLY_L2_SHARE`` of the L2 over the grid, at most
+        four items per CTA. H100 (docs/perf/grouped_gemm.md v4.3): E64 top-8 T1 -2 to -3 %, seed 004 T1 -3 %, T4
+        rows -1 to -2 %; the whole L2 was worse than half (T1 +2 % over no prefetch), and a full item per CTA with
+        every expert touched (T64: 135 MB asked of a 50 MB L2) +1.3 %."""
+        if not gemm_configs.few_experts_touched(problem):
             return 0
-        groups = max(1, min(problem.experts, problem.rows))
-        per_cta = -(-(-(-problem.n // config.block_n) * groups) // grid)
+        per_cta = -(-config.grid(problem) // grid)  # a skinny tile's grid() is its item count (before the cap)
         item_bytes = config.block_n * problem.k * 2
         budget = min(min(4, per_cta) * item_bytes, int(EARLY_L2_SHARE * launch.spec().l2_bytes) // grid)
         return budget // 16 * 16 if budget >= 4096 else 0
@@ -305,12 +300,11 @@ class SkinnyFFN:
     @staticmethod
     def planned(up: gemm_configs.GemmConfig, down: gemm_configs.GemmConfig, problem: gemm_configs.GemmProblem) -> bool:
         """Whether a layer whose expert GEMMs got the tiles ``up`` and ``down`` (``problem``: the up-projection's)
-        runs them as one launch: both skinny with the same rows per pass, and fewer rows than experts: a short
-        stream over a few touched experts, where the second launch's start is what the fusion saves (H100: E64
-        top-8 T1 -5 %, T4 -3 %, seed 004 T1 / T4 level; with every expert touched, T16 / T64, it was 4-5 % slower
-        than the two launches)."""
+        runs them as one launch: both skinny with the same rows per pass, and ``gemm_configs.few_experts_touched``,
+        where the second launch's start is what the fusion saves (H100: E64 top-8 T1 -5 %, T4 -3 %, seed 004 T1 /
+        T4 level; with every expert touched, T16 / T64, it was 4-5 % slower than the two launches)."""
         return (up.kind == down.kind == "skinny" and up.block_m == down.block_m
-                and problem.rows < problem.experts)
+                and gemm_configs.few_experts_touched(problem))
 
     def __init__(self, up: "GemmCall", down: "GemmCall", dtype: np.dtype, top_k: int, early: bool):
         import cupy

@@ -127,7 +127,7 @@ def gemm_cases():
             if cfg.smem_bytes() > spec.smem_per_block_optin or (cfg.kind != "mma" and spec.arch != "sm_90a"):
                 continue
             for epi in cfg.epilogues():
-                if epi in (None, "swiglu", "gelu"):  # the rotary ones below (rotary=)
+                if epi in gemm_configs.NAMED_EPILOGUES:  # the rotary ones below (rotary=)
                     grouped_gemm(a, b, off, epilogue=epi, config=cfg)
     if spec.arch == "sm_90a":  # the persistent tile over more tiles than SMs: each CTA loops, phases wrap
         counts = [5000, 0, 1, 3000, 129, 2000]

@@ -29,6 +29,16 @@ __device__ __forceinline__ void prefetch_map(const TensorMap& map) {
     asm volatile("prefetch.tensormap [%0];" ::"l"(map_addr(map)) : "memory");
 }
 
+// Ask L2 for `bytes` contiguous bytes at global address p (16-byte aligned, a multiple of 16): one bulk
+// prefetch by the copy engine, no registers or shared memory held. A no-op before sm_90.
+__device__ __forceinline__ void prefetch_l2(const void* p, unsigned bytes) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;" ::"l"(p), "r"(bytes) : "memory");
+#else
+    (void)p, (void)bytes;
+#endif
+}
+
 // ---------------------------------------------------------------- mbarriers (64-bit, in shared memory)
 
 __device__ __forceinline__ void mbar_init(unsigned bar, unsigned arrivals) {

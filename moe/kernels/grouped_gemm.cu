@@ -1081,13 +1081,7 @@ __device__ __forceinline__ void skinny_prefetch(const T* __restrict__ b, const i
         if (item < items) {
             const int e = groups[item / n_blocks], n0 = (item % n_blocks) * BN;
             const long long whole = (long long)min(BN, N - n0) * K * sizeof(T);
-            const unsigned bytes = (unsigned)(min(whole, left) & ~15ll);
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-            asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;\n"
-                         :: "l"(b + ((size_t)e * N + n0) * K), "r"(bytes) : "memory");
-#else
-            (void)e; (void)bytes;  // no bulk prefetch before sm_90 (nor programmatic launch)
-#endif
+            tma::prefetch_l2(b + ((size_t)e * N + n0) * K, (unsigned)(min(whole, left) & ~15ll));
         }
     }
 }
