@@ -14,6 +14,8 @@ its own options: ``--suite ep --help``).
 """
 from __future__ import annotations
 
+import dataclasses
+
 import sys
 import types
 
@@ -24,7 +26,7 @@ from cukernels import bench, checks, cli, compile, dtypes, ncu, tiling, tune
 
 from . import configs, dispatch, ep_bench, gemm_configs, launch, reference, routing, suites
 from .grouped_gemm import SOURCE as GEMM_SOURCE
-from .grouped_gemm import SkinnyFFN, ffn_name_expression, grouped_gemm
+from .grouped_gemm import SkinnyDecode, SkinnyFFN, decode_name_expression, ffn_name_expression, grouped_gemm
 from .layer import MoELayer
 
 _KINDS = ("route+permute", "gather", "combine", "layer")
@@ -474,6 +476,12 @@ def kernel_plans(case: bench.Case, spec) -> list[tuple[str, object, object]]:
         if SkinnyFFN.planned(up.config, down.config, up_problem):
             # one launch of both (its shared memory: the larger of the two tiles' partial sums)
             larger = max((up, down), key=lambda pl: pl.config.smem_bytes())
+            router = gemm_configs.plan(gemm_configs.GemmProblem(rows=tokens, n=e, k=h, experts=1, dtype=p["dtype"],
+                                                                out_dtype="fp32"), spec)
+            if SkinnyDecode.planned(router.config, True):  # and the router GEMM, routing and permutation with them
+                smem = SkinnyDecode.smem_bytes(router.config, up.config, down.config)
+                return [(GEMM_SOURCE, decode_name_expression(router.config, up.config, down.config, dt, e),
+                         dataclasses.replace(larger, smem_bytes=smem))]
             return [(GEMM_SOURCE, ffn_name_expression(up.config, down.config, dt), larger)]
         return [(GEMM_SOURCE, up.config.name_expression(dtype=dt, epilogue="swiglu"), up),
                 (GEMM_SOURCE, down.config.name_expression(dtype=dt), down)]

@@ -279,6 +279,18 @@ def ffn_name_expression(up: gemm_configs.GemmConfig, down: gemm_configs.GemmConf
     return f"moe_ffn_skinny<{dtypes.ctype(dtype)}, {up.block_m}, {tile(up)}, {tile(down)}, {up.stages}>"
 
 
+def decode_name_expression(router: gemm_configs.GemmConfig, up: gemm_configs.GemmConfig,
+                           down: gemm_configs.GemmConfig, dtype, experts: int) -> str:
+    """The ``moe_decode_skinny`` instance of a layer's three skinny tiles (``SkinnyDecode``)."""
+    if router.kind != "skinny":
+        raise ValueError(f"the one-launch decode layer takes a skinny router tile, got {router}")
+    ffn = ffn_name_expression(up, down, dtype)  # the FFN's own rules
+    epl = next(v for v in (1, 2, 4, 8, 16) if 32 * v >= experts)  # moe_route's experts per lane
+    tile = lambda c: f"{c.block_n // (16 * c.warps_n)}, {c.warps_n}, {c.split_k}"  # noqa: E731 (MI, WN, KS)
+    return (f"moe_decode_skinny<{dtypes.ctype(dtype)}, {epl}, {router.block_m}, {tile(router)}, "
+            + ffn.split(", ", 1)[1])
+
+
 class SkinnyFFN:
     """A decode-sized layer's two expert GEMMs as one launch (``moe_ffn_skinny``): the up-projection's skinny
     items (SwiGLU, token rows gathered through the sorted slots), then the down-projection's (row weights), in one
@@ -287,7 +299,9 @@ class SkinnyFFN:
     (``SkinnyFFN.fits``); ``enqueue`` takes the layer's pointers and a zeroed counter buffer of ``SYNC_BYTES``
     (left zeroed by the launch)."""
 
-    SYNC_BYTES = 2 * 512 * 4  # two counters per group slot (SKINNY_MAX_GROUPS)
+    # two counters per group slot (SKINNY_MAX_GROUPS), then the down items' ticket and its CTA count, then
+    # (SkinnyDecode) the router items stored and the CTAs past their wait
+    SYNC_BYTES = 4 * (2 * 512 + 16)
 
     @staticmethod
     def fits(up: "GemmCall", down: "GemmCall") -> bool:
@@ -329,6 +343,66 @@ class SkinnyFFN:
     def enqueue(self, stream: int, px: int, w_up: int, h: int, w_down: int, y: int, offsets: int, row_weight: int,
                 sorted_slots: int, counts: int, sync: int) -> None:
         self.launcher.launch(stream, (px, w_up, h, w_down, y, offsets, row_weight, sorted_slots, counts, sync))
+
+
+class SkinnyDecode:
+    """A decode-sized layer's router GEMM, routing, permutation and both expert GEMMs as one launch
+    (``moe_decode_skinny``): the router's skinny items, a grid-wide wait on a counter, the routing of every token
+    in every CTA (moe_route's choice and softmax weights, bit for bit) with the sorted rows built in shared
+    memory, then ``SkinnyFFN``'s items. Made where the layer runs the FFN fused (``SkinnyFFN.fits``) and the
+    router GEMM is a skinny tile too; ``enqueue`` takes a zeroed counter buffer of ``SkinnyFFN.SYNC_BYTES`` (left
+    zeroed) and writes the logits, h, y and ``inverse`` (slot -> row, for the combine)."""
+
+    @staticmethod
+    def fits(router: "GemmCall", ffn: SkinnyFFN | None) -> bool:
+        """``planned`` for made calls (``ffn``: the layer's fused FFN, None where it runs two launches): the router
+        GEMM one group of fp32 logits."""
+        return (ffn is not None and not router.empty and SkinnyDecode.planned(router.config, True)
+                and router.problem.experts == 1 and router.problem.out_dtype == "fp32"
+                and router.problem.epilogue is None)
+
+    @staticmethod
+    def planned(router: gemm_configs.GemmConfig, ffn_fused: bool) -> bool:
+        """Whether a layer whose router GEMM got the tile ``router`` runs as this one launch (and the combine):
+        where its FFN is one launch (``SkinnyFFN.planned``) and the router's tile is skinny (H100: E64 top-8 T1
+        -8 %, T4 -5 %, seed 004 T1 -5 % against the five launches it replaces)."""
+        return ffn_fused and router.kind == "skinny"
+
+    @staticmethod
+    def smem_bytes(router: gemm_configs.GemmConfig, up: gemm_configs.GemmConfig,
+                   down: gemm_configs.GemmConfig) -> int:
+        """The largest phase's partial sums, the group list and its count, the row offsets, and per slot / per row
+        its expert, weight, slot and row weight (moe_decode_skinny)."""
+        partial = max(c.split_k * c.block_m * (c.block_n + 4) for c in (router, up, down))
+        return 4 * (partial + 2 * (512 + 1) + 5 * 512)
+
+    def __init__(self, router: "GemmCall", up: "GemmCall", down: "GemmCall", dtype: np.dtype, top_k: int,
+                 early: bool):
+        import cupy
+
+        cr, pr = router.config, router.problem
+        cu, cd, pu, pd = up.config, down.config, up.problem, down.problem
+        frame = router.frame
+        experts = pu.experts
+        name = decode_name_expression(cr, cu, cd, dtype, experts)
+        smem = self.smem_bytes(cr, cu, cd)
+        with cupy.cuda.Device(frame.device_id):
+            kern = launch.kernel(SOURCE, name)
+            spec = launch.spec()
+            items = cu.grid(pu) + cd.grid(pd)
+            grid = max(min(items, kern.blocks_per_sm(256, smem) * spec.sm_count), 1)
+            self.early = GemmCall._early_bytes(pu, cu, grid) if early else 0
+            P = _launch.Ptr  # 0 x, 1 router weight, 2 logits, 3 w_up, 4 h, 5 w_down, 6 y, 7 inverse, 8 the counters
+            self.launcher = _launch.Launcher(
+                kern, (grid,), (256,),
+                (P(0), P(1), P(2), P(3), P(4), P(5), P(6), P(7), np.int32(pr.rows), np.int32(experts),
+                 np.int32(top_k), np.int32(pu.n), np.int32(pu.k), np.int32(pd.k), np.int32(self.early), P(8)),
+                smem=smem, pdl=True)
+        self.name, self.grid = name, grid
+
+    def enqueue(self, stream: int, px: int, router_b: int, logits: int, w_up: int, h: int, w_down: int, y: int,
+                inverse: int, sync: int) -> None:
+        self.launcher.launch(stream, (px, router_b, logits, w_up, h, w_down, y, inverse, sync))
 
 
 EARLY_L2_SHARE = 0.5  # of the L2 that skinny plans started early (GemmCall early=) may prefetch over the grid

@@ -5,7 +5,9 @@ weight as row scale) -> combine, all on the GPU with no host synchronisation (CU
 A forward is at most eight launches from one cached plan per (x's signature, weights): the router logits, routing,
 the permutation and every intermediate live in one workspace allocation; the output is the only other one. With
 decode-sized groups the up-projection gathers the token rows itself (no gather launch), and with fewer rows than
-experts both expert GEMMs run as one launch (``grouped_gemm.SkinnyFFN``): five launches.
+experts both expert GEMMs run as one launch (``grouped_gemm.SkinnyFFN``): five launches; and with the router GEMM
+on a skinny tile too, the router GEMM, routing and permutation run in that launch (``grouped_gemm.SkinnyDecode``,
+the routing built in each CTA's shared memory): two launches, that one and the combine.
 
 Weights:
 
@@ -33,7 +35,7 @@ from cukernels import launch as _launch
 from . import configs
 from .dispatch import PermuteCall, combine_launcher, gather_launcher
 from .gemm_configs import GemmProblem
-from .grouped_gemm import GemmCall, SkinnyFFN, validate as validate_gemm
+from .grouped_gemm import GemmCall, SkinnyDecode, SkinnyFFN, validate as validate_gemm
 from .routing import RouteCall
 
 if TYPE_CHECKING:  # the annotation of MoELayer.capture (imported where it runs: capture.py imports this module)
@@ -49,6 +51,9 @@ EARLY_WEIGHTS = True
 # Both expert GEMMs skinny (decode-sized groups) over fewer rows than experts: one launch of moe_ffn_skinny instead
 # of two (SkinnyFFN.planned)
 FUSED_FFN = True
+# Where the FFN runs fused and the router GEMM is a skinny tile: the router GEMM, routing, permutation and FFN as
+# one launch too (SkinnyDecode): the layer is two launches (that one and the combine)
+FUSED_DECODE = True
 
 
 class LayerCall:
@@ -79,8 +84,11 @@ class LayerCall:
             self.down = gemm(rows, hidden, inter, experts, None, early=EARLY_WEIGHTS)
             self.ffn = (SkinnyFFN(self.up, self.down, dtype, top_k, EARLY_WEIGHTS)
                         if FUSED_FFN and SkinnyFFN.fits(self.up, self.down) else None)
-            # the fused FFN's counters: one zeroed buffer per stream for eager calls (each launch leaves them zeroed),
-            # a graph's own in the workspace, zeroed by a node of the graph
+            self.decode = (SkinnyDecode(self.router, self.up, self.down, dtype, top_k, EARLY_WEIGHTS)
+                           if FUSED_DECODE and SkinnyDecode.fits(self.router, self.ffn) else None)
+            self._sync_bytes = SkinnyFFN.SYNC_BYTES if self.ffn is not None else 0  # (SkinnyDecode: the same)
+            # the fused kernel's counters: one zeroed buffer per stream for eager calls (each launch leaves them
+            # zeroed), a graph's own in the workspace, zeroed by a node of the graph
             self._sync: dict = {}
             self._memset, self._capturing = cupy.cuda.runtime.memsetAsync, cupy.cuda.runtime.streamIsCapturing
             # x and the workspace's rows are 16-byte aligned (x is checked per call; K % 8 == 0 makes rows so)
@@ -95,7 +103,7 @@ class LayerCall:
         self.at = {"logits": ws.add(4 * tokens * experts), "routing": ws.add(self.route.nbytes),
                    "dispatch": ws.add(self.permute.nbytes), "row_weight": ws.add(4 * rows),
                    "xs": ws.add(0 if self.fused_gather else es * rows * hidden), "h": ws.add(es * rows * inter),
-                   "y": ws.add(es * rows * hidden), "sync": ws.add(SkinnyFFN.SYNC_BYTES if self.ffn else 0)}
+                   "y": ws.add(es * rows * hidden), "sync": ws.add(self._sync_bytes)}
         self.nbytes = ws.nbytes
 
     def __call__(self, px: int, router_b: int, w_gate_up: int, w_down: int):
@@ -104,11 +112,15 @@ class LayerCall:
         ws, base = f.workspace(stream, self.nbytes)
         out, pout = f.empty(self.out_shape, self.dtype)
         at = {k: base + off for k, off in self.at.items()}
-        sync = self._sync_buffer(stream, at["sync"]) if self.ffn is not None else 0  # (a memset: before the chain)
+        sync = self._sync_buffer(stream, at["sync"]) if self._sync_bytes else 0  # (a memset: before the chain)
+        sorted_slots, inverse, offsets, _ = (at["dispatch"] + off for off in self.permute.out_offsets)
+        if self.decode is not None:
+            self.decode.enqueue(stream, px, router_b, at["logits"], w_gate_up, at["h"], w_down, at["y"], inverse, sync)
+            self.combine.launch(stream, (at["y"], inverse, 0, pout))
+            return out
         self.router.enqueue(stream, px, router_b, at["logits"], self._one_group_ptr, 0)
         self.route.enqueue(stream, at["logits"], at["routing"])
         self.permute.enqueue(stream, at["routing"], at["dispatch"], at["row_weight"])
-        sorted_slots, inverse, offsets, _ = (at["dispatch"] + off for off in self.permute.out_offsets)
         counts = at["routing"] + self._counts
         if self.ffn is not None:
             self.ffn.enqueue(stream, px, w_gate_up, at["h"], w_down, at["y"], offsets, at["row_weight"], sorted_slots,
@@ -124,14 +136,14 @@ class LayerCall:
         return out
 
     def _sync_buffer(self, stream: int, in_workspace: int) -> int:
-        """The fused FFN's zeroed counters for a launch on ``stream``."""
+        """The fused kernel's zeroed counters for a launch on ``stream``."""
         if self._capturing(stream):
-            self._memset(in_workspace, 0, SkinnyFFN.SYNC_BYTES, stream)
+            self._memset(in_workspace, 0, self._sync_bytes, stream)
             return in_workspace
         kept = self._sync.get(stream)
         if kept is None:
-            buf, ptr = self.frame.workspace(stream, SkinnyFFN.SYNC_BYTES)
-            self._memset(ptr, 0, SkinnyFFN.SYNC_BYTES, stream)
+            buf, ptr = self.frame.workspace(stream, self._sync_bytes)
+            self._memset(ptr, 0, self._sync_bytes, stream)
             kept = self._sync[stream] = (buf, ptr)
         return kept[1]
 

@@ -89,9 +89,10 @@ def test_skinny_tiles_compile_without_spills(arch):
 @pytest.mark.slow
 @pytest.mark.parametrize("arch", ["sm_80", "sm_90a"])
 def test_fused_ffn_compiles_without_spills(arch):
-    """The decode-sized FFN in one launch (moe_ffn_skinny) for the skinny tile pairs the planner gives the decode
-    suite's layers (E64 top-8 2048 / 1408 and seed 004's 4096 / 11008 at T1 and T4), bf16 and fp16."""
-    from moe.grouped_gemm import ffn_name_expression
+    """The decode-sized FFN in one launch (moe_ffn_skinny), and with the router GEMM and routing joined to it
+    (moe_decode_skinny), for the skinny tiles the planner gives the decode suite's layers (E64 top-8 2048 / 1408
+    and seed 004's 4096 / 11008 at T1 and T4), bf16 and fp16."""
+    from moe.grouped_gemm import decode_name_expression, ffn_name_expression
 
     G = gemm_configs.GemmProblem
     exprs = set()
@@ -102,8 +103,11 @@ def test_fused_ffn_compiles_without_spills(arch):
                 up = gemm_configs.plan(G(rows=rows, n=2 * inter, k=hidden, experts=experts, dtype="bf16",
                                          epilogue="swiglu"), spec).config
                 down = gemm_configs.plan(G(rows=rows, n=hidden, k=inter, experts=experts, dtype="bf16"), spec).config
+                router = gemm_configs.plan(G(rows=tokens, n=experts, k=hidden, experts=1, dtype="bf16",
+                                             out_dtype="fp32"), spec).config
                 for dt in (BF16, np.float16):
                     exprs.add(ffn_name_expression(up, down, dt))
+                    exprs.add(decode_name_expression(router, up, down, dt, experts))
     for expr, r in compile.compile_offline(SOURCE, sorted(exprs), arch).items():
         assert r.spills == 0 and r.stack_bytes == 0 and not r.performance_warnings, f"{arch} {expr}: {r}"
     with pytest.raises(ValueError, match="same block_m"):
@@ -112,8 +116,9 @@ def test_fused_ffn_compiles_without_spills(arch):
 
 def test_fused_ffn_only_where_fewer_rows_than_experts():
     """The decode suite's layers on the H100 profile: the two expert GEMMs run as one launch at T1 and T4 (fewer rows
-    than experts), as two from T16 with 64 experts (every expert touched: measured slower fused)."""
-    from moe.grouped_gemm import SkinnyFFN
+    than experts), with the router GEMM and routing joined to them, as two from T16 with 64 experts (every expert
+    touched: measured slower fused)."""
+    from moe.grouped_gemm import SkinnyDecode, SkinnyFFN
 
     G, spec = gemm_configs.GemmProblem, device.profile("h100")
     for experts, top_k, hidden, inter, fused_up_to in ((64, 8, 2048, 1408, 4), (32, 2, 4096, 11008, 4)):
@@ -124,6 +129,9 @@ def test_fused_ffn_only_where_fewer_rows_than_experts():
                                      spec).config
             want = tokens <= fused_up_to
             assert SkinnyFFN.planned(up, down, up_problem) == want, (experts, tokens, up, down)
+            router = gemm_configs.plan(G(rows=tokens, n=experts, k=hidden, experts=1, dtype="bf16", out_dtype="fp32"),
+                                       spec).config
+            assert SkinnyDecode.planned(router, want) == want, (experts, tokens, router)  # and the router with them
 
 
 def test_decode_sized_groups_take_skinny_tiles():

@@ -378,11 +378,13 @@ def test_layer_decode_sizes(tokens, experts, top_k):
     checks.compare(out, ref, tol=TOL["bf16"], naive=naive, name=f"decode layer T{tokens}").raise_if_failed()
 
 
-@pytest.mark.parametrize("tokens,experts,top_k,early", [(1, 64, 8, True), (3, 16, 4, True), (20, 60, 2, False)])
+@pytest.mark.parametrize("tokens,experts,top_k,early", [(1, 64, 8, True), (3, 16, 4, True), (20, 60, 2, False),
+                                                        (2, 200, 6, True), (1, 512, 8, False)])
 def test_fused_ffn_equals_two_launches(tokens, experts, top_k, early):
-    """The decode-sized FFN in one launch (down items waiting on per-expert counters) is bitwise the two skinny
-    GEMMs it replaces, call after call (the counters left zeroed), and under a CUDA graph with fresh inputs; with
-    the experts listed before the programmatic wait (early) and after it."""
+    """The decode-sized FFN in one launch (down items waiting on per-expert counters), and the whole layer but the
+    combine in one launch (router GEMM, routing and permutation joined to it: moe_decode_skinny), are bitwise the
+    five launches they replace, call after call (the counters left zeroed), and under a CUDA graph with fresh
+    inputs; with the experts listed before the programmatic wait (early) and after it."""
     import cupy
 
     from moe import layer as layer_mod
@@ -391,17 +393,21 @@ def test_fused_ffn_equals_two_launches(tokens, experts, top_k, early):
     outs = {}
     layer_mod.EARLY_WEIGHTS = early
     try:
-        for fused in (False, True):
-            layer_mod.FUSED_FFN = fused
+        for fused, decode in ((False, False), (True, False), (True, True)):
+            layer_mod.FUSED_FFN, layer_mod.FUSED_DECODE = fused, decode
             layer_mod._LAYER.clear()
             layer = MoELayer(router, w_up, w_down, top_k)
-            outs[fused] = [layer(x) for _ in range(3)]
+            outs[fused, decode] = [layer(x) for _ in range(3)]
             key = (*(layer_mod._launch.view(t)[0] for t in (x, layer.router_b, layer.w_gate_up, layer.w_down)),
                    top_k, "swiglu")
             call = layer_mod._LAYER.get(key)
             assert (call.ffn is not None) == fused and (call.up.early > 0) == early
-        for a, b in zip(outs[False], outs[True]):
-            assert bool((a == b).all())
+            assert (call.decode is not None) == (decode and call.router.config.kind == "skinny")
+            if tokens < 8:
+                assert call.router.config.kind == "skinny"
+        for mode in ((True, False), (True, True)):
+            for a, b in zip(outs[False, False], outs[mode]):
+                assert bool((a == b).all()), mode
         x2 = dtypes.random(x.shape, dtypes.BF16, seed=99)
         eager2 = layer(x2)
         cupy.cuda.Device().synchronize()
@@ -411,14 +417,14 @@ def test_fused_ffn_equals_two_launches(tokens, experts, top_k, early):
             stream.begin_capture()
             out = layer(static_x)
             graph = stream.end_capture()
-            for xi, want in ((x, outs[True][0]), (x2, eager2), (x, outs[True][0])):
+            for xi, want in ((x, outs[True, True][0]), (x2, eager2), (x, outs[True, True][0])):
                 static_x[...] = xi
                 checks.poison(out)
                 graph.launch()
                 stream.synchronize()
                 assert bool((out == want).all())
     finally:
-        layer_mod.FUSED_FFN = layer_mod.EARLY_WEIGHTS = True
+        layer_mod.FUSED_FFN = layer_mod.EARLY_WEIGHTS = layer_mod.FUSED_DECODE = True
         layer_mod._LAYER.clear()
 
 

@@ -168,8 +168,9 @@ def gemm_cases():
 
 def skinny_cases():
     """The decode-sized tiles: groups of 0-20 rows (two passes of 8), N and K tails, fp32 out, every split, and a
-    decode-sized layer whose up-projection gathers the token rows itself (fewer rows than experts: both expert GEMMs
-    in one launch, moe_ffn_skinny, with the early weight prefetch)."""
+    decode-sized layer whose up-projection gathers the token rows itself (fewer rows than experts: the router GEMM,
+    routing, permutation and both expert GEMMs in one launch, moe_decode_skinny, with the early weight prefetch),
+    at 16 and 200 experts."""
     from moe import MoELayer, gemm_configs, grouped_gemm
 
     counts = [0, 1, 9, 0, 20, 3]
@@ -184,6 +185,10 @@ def skinny_cases():
     router = cupy.random.default_rng(5).standard_normal((128, 16), dtype=cupy.float32)
     w_up, w_down = dtypes.random((16, 192, 128), dtypes.BF16, seed=6), dtypes.random((16, 128, 96), dtypes.BF16, seed=7)
     MoELayer(router, w_up, w_down, 4)(dtypes.random((3, 128), dtypes.BF16, seed=8))
+    router = cupy.random.default_rng(9).standard_normal((128, 200), dtype=cupy.float32)
+    w_up = dtypes.random((200, 64, 128), dtypes.BF16, seed=6)
+    w_down = dtypes.random((200, 128, 32), dtypes.BF16, seed=7)
+    MoELayer(router, w_up, w_down, 6)(dtypes.random((2, 128), dtypes.BF16, seed=8))
 
 
 def moe_cases():

@@ -31,6 +31,7 @@
 #include "wgmma.cuh"
 #include "tma.cuh"
 #include "pdl.cuh"
+#include "topk.cuh"  // the decode layer kernel's routing (moe_route's, per token)
 
 constexpr int EPI_NONE = 0, EPI_SWIGLU = 1, EPI_GELU = 2;
 // Rotary embedding (neox) on the leading output columns, tma tiles only: head dims 64, 128, 256.
@@ -1134,15 +1135,73 @@ moe_grouped_gemm_skinny(const T* __restrict__ a, const T* __restrict__ b, TO* __
 //
 // moe_ffn_skinny: the up-projection (SwiGLU, token rows gathered through a_index) and the down-projection (row
 // scale) of a decode-sized layer as one persistent grid of skinny items: the up items of every listed group
-// first, then the down items, each CTA striding over the joined list. A down item of group slot s needs every
+// first, then the down items, the CTAs taking them in order (ffn_items). A down item of group slot s needs every
 // up item of s (h's rows of the group, all columns): the CTA that finishes an up item publishes it (fence, then
 // an atomic add on sync[s]), and a down item waits until sync[s] counts all of s's up items (an acquire load),
-// then reads h through L2 (a down item's weights asked of L2 before that wait measured no gain: not done). No deadlock: the grid is what fits at once (all
-// CTAs resident), each CTA takes its items in increasing order, and every up item comes before every down item,
-// so the lowest unfinished item never waits. The down items' completions count in sync[SKINNY_MAX_GROUPS + s];
-// the last of a slot sets both counters back to zero, so the next launch finds them zeroed (the caller zeroes
-// the buffer once). Saves the second launch and its ramp: the down items of the first groups stream while the
-// up items of the last ones finish.
+// then reads h through L2 (a down item's weights asked of L2 before that wait measured no gain: not done). No
+// deadlock: the grid is what fits at once (all CTAs resident), items are handed out in increasing order, and
+// every up item comes before every down item, so the lowest unfinished item never waits. The down items'
+// completions count in sync[SKINNY_MAX_GROUPS + s]; the last of a slot sets both counters back to zero, so the
+// next launch finds them zeroed (the caller zeroes the buffer once). Saves the second launch and its ramp: the
+// down items of the first groups stream while the up items of the last ones finish.
+//
+// ffn_items: the up items, then the down items, of a fused FFN over `listed` group slots (shared by moe_ffn_skinny and
+// moe_decode_skinny); sync as described above. The up items go by a fixed stride (CTA c takes c, c + grid, ...),
+// the down items by ticket (the next unclaimed one, from a counter at sync[2 * SKINNY_MAX_GROUPS]): a CTA that
+// got fewer up items takes more down items, where a fixed stride over both kinds (up items carry more weight
+// bytes) left some SMs ~8 % more bytes than others (E64 top-8 T1), and the first down items a CTA takes are
+// those of the first slots, whose up items went first (H100, E64 top-8: T1 -3 %, T4 -5 % against the fixed
+// stride; tickets for the up items too were level at T1 and between the two at T4). Down items are handed out
+// in increasing order, after every up item has its CTA, so the no-deadlock argument holds. offsets,
+// row_weight and a_index may point to shared memory.
+template <typename T, int BM, int MI1, int WN1, int KS1, int MI2, int WN2, int KS2, int U>
+__device__ __forceinline__ void ffn_items(const T* __restrict__ x, const T* __restrict__ w_up, T* __restrict__ h,
+                                          const T* __restrict__ w_down, T* __restrict__ y,
+                                          const int* __restrict__ offsets, const float* __restrict__ row_weight,
+                                          const int* __restrict__ a_index, int a_div, const int* __restrict__ groups,
+                                          int listed, int n_up, int hidden, int inter, int* __restrict__ sync,
+                                          float* __restrict__ partial) {
+    constexpr int BN1 = 16 * MI1 * WN1, BN2 = 16 * MI2 * WN2;
+    const int nb1 = (n_up + BN1 - 1) / BN1, nb2 = (hidden + BN2 - 1) / BN2;
+    const int items1 = listed * nb1, items = items1 + listed * nb2;
+    for (int item = blockIdx.x; item < items1; item += gridDim.x) {
+        const int slot = item / nb1;
+        skinny_item<T, T, BM, MI1, WN1, KS1, U, EPI_SWIGLU, false>(x, w_up, h, offsets, nullptr, groups[slot],
+                                                                  item % nb1, n_up, hidden, a_index, a_div, partial);
+        if (threadIdx.x == 0) {  // h's columns of this item are stored (the item ended with __syncthreads)
+            __threadfence();
+            atomicAdd(sync + slot, 1);
+        }
+    }
+    // the down items by ticket: a CTA asks for its next one when an item starts and reads it after the item's
+    // closing barrier (two slots: the one written next turn was read before this turn's barriers)
+    int* ticket = sync + 2 * SKINNY_MAX_GROUPS;  // [0] down items handed out, [1] CTAs done
+    __shared__ int s_next[2];
+    if (threadIdx.x == 0) s_next[0] = items1 + atomicAdd(ticket, 1);
+    __syncthreads();
+    int turn = 0;
+    for (int item = s_next[0]; item < items; turn ^= 1) {
+        if (threadIdx.x == 0) s_next[turn ^ 1] = items1 + atomicAdd(ticket, 1);
+        const int j = item - items1, slot = j / nb2, nb = j % nb2;
+        if (threadIdx.x == 0) {
+            int done;
+            do {
+                asm volatile("ld.acquire.gpu.global.s32 %0, [%1];\n" : "=r"(done) : "l"(sync + slot) : "memory");
+            } while (done < nb1);
+        }
+        __syncthreads();
+        skinny_item<T, T, BM, MI2, WN2, KS2, U, EPI_NONE, true>(h, w_down, y, offsets, row_weight, groups[slot], nb,
+                                                               hidden, inter, nullptr, 1, partial);
+        if (threadIdx.x == 0 && atomicAdd(sync + SKINNY_MAX_GROUPS + slot, 1) == nb2 - 1) {
+            sync[slot] = 0;  // every down item of the slot is past its wait: both counters back to zero
+            sync[SKINNY_MAX_GROUPS + slot] = 0;
+        }
+        item = s_next[turn ^ 1];
+    }
+    // the last CTA out sets the ticket and its own count back to zero (every CTA has taken its last ticket)
+    if (threadIdx.x == 0 && atomicAdd(ticket + 1, 1) == gridDim.x - 1) ticket[0] = ticket[1] = 0;
+}
+
 template <typename T, int BM, int MI1, int WN1, int KS1, int MI2, int WN2, int KS2, int U>
 __global__ void __launch_bounds__(256)
 moe_ffn_skinny(const T* __restrict__ x, const T* __restrict__ w_up, T* __restrict__ h, const T* __restrict__ w_down,
@@ -1158,37 +1217,129 @@ moe_ffn_skinny(const T* __restrict__ x, const T* __restrict__ w_up, T* __restric
     if (early == 0) pdl::enter();
     const int listed = skinny_list_groups(early > 0 ? early_counts : nullptr, offsets, experts, groups,
                                           groups + SKINNY_MAX_GROUPS);
-    const int nb1 = (n_up + BN1 - 1) / BN1, nb2 = (hidden + BN2 - 1) / BN2;
-    const int items1 = listed * nb1, items = items1 + listed * nb2;
     if (early > 0) {
-        skinny_prefetch<T, BN1>(w_up, groups, items1, nb1, n_up, hidden, early);
+        const int nb1 = (n_up + BN1 - 1) / BN1;
+        skinny_prefetch<T, BN1>(w_up, groups, listed * nb1, nb1, n_up, hidden, early);
         pdl::enter();
     }
-    for (int item = blockIdx.x; item < items; item += gridDim.x) {
-        if (item < items1) {
-            const int slot = item / nb1;
-            skinny_item<T, T, BM, MI1, WN1, KS1, U, EPI_SWIGLU, false>(x, w_up, h, offsets, nullptr, groups[slot],
-                                                                      item % nb1, n_up, hidden, a_index, a_div,
-                                                                      partial);
-            if (threadIdx.x == 0) {  // h's columns of this item are stored (the item ended with __syncthreads)
-                __threadfence();
-                atomicAdd(sync + slot, 1);
-            }
-        } else {
-            const int j = item - items1, slot = j / nb2, nb = j % nb2;
-            if (threadIdx.x == 0) {
-                int done;
-                do {
-                    asm volatile("ld.acquire.gpu.global.s32 %0, [%1];\n" : "=r"(done) : "l"(sync + slot) : "memory");
-                } while (done < nb1);
-            }
-            __syncthreads();
-            skinny_item<T, T, BM, MI2, WN2, KS2, U, EPI_NONE, true>(h, w_down, y, offsets, row_weight, groups[slot],
-                                                                   nb, hidden, inter, nullptr, 1, partial);
-            if (threadIdx.x == 0 && atomicAdd(sync + SKINNY_MAX_GROUPS + slot, 1) == nb2 - 1) {
-                sync[slot] = 0;  // every down item of the slot is past its wait: both counters back to zero
-                sync[SKINNY_MAX_GROUPS + slot] = 0;
-            }
+    ffn_items<T, BM, MI1, WN1, KS1, MI2, WN2, KS2, U>(x, w_up, h, w_down, y, offsets, row_weight, a_index, a_div,
+                                                      groups, listed, n_up, hidden, inter, sync, partial);
+}
+
+// ---------------------------------------------------------------- a decode-sized MoE layer in one launch
+//
+// moe_decode_skinny: the router GEMM, the routing and both expert GEMMs of a layer whose tokens route to fewer
+// rows than there are experts, as one persistent grid (all CTAs resident: the grid is what fits at once).
+//   1. The CTAs stride over the nbr skinny items of the router logits (fp32 [tokens, experts], the router
+//      GemmCall's tile, so the logits are its bits), each counted in sync[2 * SKINNY_MAX_GROUPS + 2] when stored.
+//   2. Every CTA waits for that count (an acquire load), reads the logits through L2 and routes every token the
+//      way moe_route does (select_top_k, softmax over the chosen k): one warp per token. From the choices it
+//      builds, in shared memory, what the permutation would write (a stable counting sort: the row offsets per
+//      expert, the sorted slots, each row's routing weight); CTA 0 also writes inverse (slot -> row) for the
+//      combine. The last CTA past the wait sets both barrier counters back to zero.
+//   3. The FFN items (ffn_items, as moe_ffn_skinny) over the touched experts, their first weights asked of L2
+//      first (skinny_prefetch).
+// Replaces three launches (router GEMM, routing, permutation) and the round trips between them; the routing's
+// statistics (counts, shares, losses), which the layer's forward does not return, are not written.
+template <typename T, int EPL, int BMR, int MIR, int WNR, int KSR, int BM, int MI1, int WN1, int KS1, int MI2,
+          int WN2, int KS2, int U>
+__global__ void __launch_bounds__(256)
+moe_decode_skinny(const T* __restrict__ x, const T* __restrict__ w_router, float* __restrict__ logits,
+                  const T* __restrict__ w_up, T* __restrict__ h, const T* __restrict__ w_down, T* __restrict__ y,
+                  int* __restrict__ inverse, int tokens, int experts, int top_k, int n_up, int hidden, int inter,
+                  int early, int* __restrict__ sync) {
+    static_assert(WNR * KSR == 8 && WN1 * KS1 == 8 && WN2 * KS2 == 8, "8 warps in every phase");
+    constexpr int MAX_E = 32 * EPL;
+    constexpr int BNR = 16 * MIR * WNR, BN1 = 16 * MI1 * WN1, BN2 = 16 * MI2 * WN2;
+    constexpr int PR = KSR * BMR * (BNR + 4), P1 = KS1 * BM * (BN1 + 4), P2 = KS2 * BM * (BN2 + 4);
+    constexpr int P12 = P1 > P2 ? P1 : P2, PMAX = PR > P12 ? PR : P12;
+    // shared: partial sums [PMAX], the group list and its count, row offsets [experts + 1] (router: {0, tokens}),
+    // per slot its expert and weight, per row its slot and weight; slots = tokens * top_k < experts <= 512
+    extern __shared__ float partial[];
+    int* groups = reinterpret_cast<int*>(partial + PMAX);
+    int* s_off = groups + SKINNY_MAX_GROUPS + 1;
+    int* s_cnt = s_off + SKINNY_MAX_GROUPS + 1;
+    int* s_exp = s_cnt + SKINNY_MAX_GROUPS;
+    float* s_wt = reinterpret_cast<float*>(s_exp + SKINNY_MAX_GROUPS);
+    int* s_slot = reinterpret_cast<int*>(s_wt + SKINNY_MAX_GROUPS);
+    float* s_rw = reinterpret_cast<float*>(s_slot + SKINNY_MAX_GROUPS);
+    int* barrier = sync + 2 * SKINNY_MAX_GROUPS + 2;  // [0] router items done, [1] CTAs past the wait
+    const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
+    const int slots = tokens * top_k;
+
+    pdl::enter();  // x may be the previous kernel's output
+    const int nbr = (experts + BNR - 1) / BNR;
+    if (tid == 0) s_off[0] = 0, s_off[1] = tokens;
+    __syncthreads();
+    for (int item = blockIdx.x; item < nbr; item += gridDim.x) {
+        skinny_item<T, float, BMR, MIR, WNR, KSR, U, EPI_NONE, false>(x, w_router, logits, s_off, nullptr, 0, item,
+                                                                      experts, hidden, nullptr, 1, partial);
+        if (tid == 0) {  // this item's logits are stored (the item ended with __syncthreads)
+            __threadfence();
+            atomicAdd(barrier, 1);
         }
     }
+    if (tid == 0) {
+        int done;
+        do {
+            asm volatile("ld.acquire.gpu.global.s32 %0, [%1];\n" : "=r"(done) : "l"(barrier) : "memory");
+        } while (done < nbr);
+        if (atomicAdd(barrier + 1, 1) == gridDim.x - 1) barrier[0] = barrier[1] = 0;  // every CTA is past it
+    }
+    for (int e = tid; e < experts; e += blockDim.x) s_cnt[e] = 0;
+    __syncthreads();
+
+    for (int t = warp; t < tokens; t += blockDim.x / 32) {  // moe_route's choice and weight (softmax, renormalised)
+        float v[EPL];
+#pragma unroll
+        for (int j = 0; j < EPL; ++j) {
+            const int e = lane + 32 * j;
+            v[j] = e < experts ? __ldcg(logits + (size_t)t * experts + e) : __int_as_float(0xff800000);
+        }
+        unsigned taken;
+        float xmax, sel_sum, my_v;
+        int my_e;
+        select_top_k<EPL, MAX_E>(v, experts, top_k, 0, lane, taken, xmax, sel_sum, my_e, my_v);
+        if (lane < top_k) {
+            s_exp[t * top_k + lane] = my_e;
+            s_wt[t * top_k + lane] = expf(my_v - xmax) / sel_sum;
+            atomicAdd(s_cnt + my_e, 1);
+        }
+    }
+    __syncthreads();
+    if (warp == 0) {  // exclusive scan of the counts: lane l holds experts [PER l, PER (l + 1))
+        constexpr int PER = SKINNY_MAX_GROUPS / 32;
+        int run = 0;
+#pragma unroll
+        for (int j = 0; j < PER; ++j) run += lane * PER + j < experts ? s_cnt[lane * PER + j] : 0;
+        int incl = run;
+#pragma unroll
+        for (int o = 1; o < 32; o <<= 1) {
+            const int a = __shfl_up_sync(0xffffffffu, incl, o);
+            if (lane >= o) incl += a;
+        }
+        int off = incl - run;
+#pragma unroll
+        for (int j = 0; j < PER; ++j) {
+            const int e = lane * PER + j;
+            if (e <= experts) s_off[e] = off;
+            off += e < experts ? s_cnt[e] : 0;
+        }
+        if (lane == 31 && experts == SKINNY_MAX_GROUPS) s_off[SKINNY_MAX_GROUPS] = off;
+    }
+    __syncthreads();
+    for (int s = tid; s < slots; s += blockDim.x) {  // stable: a slot's row follows the lower slots of its expert
+        const int e = s_exp[s];
+        int rank = 0;
+        for (int u = 0; u < s; ++u) rank += s_exp[u] == e;
+        const int r = s_off[e] + rank;
+        s_slot[r] = s;
+        s_rw[r] = s_wt[s];
+        if (blockIdx.x == 0) inverse[s] = r;
+    }
+    const int listed = skinny_list_groups(s_cnt, s_off, experts, groups, groups + SKINNY_MAX_GROUPS);
+    const int nb1 = (n_up + BN1 - 1) / BN1;
+    skinny_prefetch<T, BN1>(w_up, groups, listed * nb1, nb1, n_up, hidden, early);
+    ffn_items<T, BM, MI1, WN1, KS1, MI2, WN2, KS2, U>(x, w_up, h, w_down, y, s_off, s_rw, s_slot, top_k, groups,
+                                                      listed, n_up, hidden, inter, sync, partial);
 }

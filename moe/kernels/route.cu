@@ -28,32 +28,8 @@
 //   and blk_base[b][e] = tokens of expert e routed by blocks < b (the stable scatter's starting rank).
 //   The last block to finish (a ticket zeroed by moe_route) computes aux_loss, z_loss and the usage CV.
 #include "common.cuh"
+#include "topk.cuh"
 #include "pdl.cuh"  // each kernel waits for the grid before it first (programmatic dependent launch)
-
-template <typename T, int EPL>
-__device__ __forceinline__ void load_row(const T* __restrict__ logits, long long token, int experts, int lane,
-                                         float (&x)[EPL]) {
-    const T* row = logits + token * experts;
-#pragma unroll
-    for (int j = 0; j < EPL; ++j) {
-        const int e = lane + 32 * j;
-        x[j] = (e < experts) ? Elem<T>::to_f32(row[e]) : __int_as_float(0xff800000);  // -inf
-    }
-}
-
-// This lane's best (key, MAX_E - expert) among its experts not yet taken; (0, 0) when none is left.
-template <int EPL, int MAX_E>
-__device__ __forceinline__ void lane_head(const unsigned (&khi)[EPL], unsigned taken, int lane, int experts,
-                                          unsigned& hh, unsigned& hl) {
-    hh = 0u, hl = 0u;
-#pragma unroll
-    for (int j = 0; j < EPL; ++j) {
-        const int e = lane + 32 * j;
-        const bool live = e < experts && !((taken >> j) & 1u);
-        // strict >: among equal keys the lower j (lower expert) stays
-        if (live && (hl == 0u || khi[j] > hh)) hh = khi[j], hl = unsigned(MAX_E - e);
-    }
-}
 
 template <typename T, int EPL, int WARPS, bool FINISH = false>
 __global__ void __launch_bounds__(WARPS * 32)
@@ -91,29 +67,10 @@ moe_route(const T* __restrict__ logits, int tokens, int experts, int top_k, int 
     for (; t < last; t += WARPS) {
         if (t + WARPS < last) load_row<T, EPL>(logits, t + WARPS, experts, lane, next);
 
-        // keys: (order_key, MAX_E - expert); padding lanes and chosen experts count as (0, 0) and never win.
-        // Chosen experts are a bit mask (no dynamically indexed register arrays: they would go to local memory).
-        unsigned khi[EPL], taken = 0u;
-#pragma unroll
-        for (int j = 0; j < EPL; ++j) khi[j] = (lane + 32 * j < experts) ? order_key(x[j]) : 0u;
-        unsigned hh, hl;
-        lane_head<EPL, MAX_E>(khi, taken, lane, experts, hh, hl);
-
-        float xmax = 0.f, sel_sum = 0.f, my_v = 0.f;
-        int my_e = 0;
-        for (int r = 0; r < top_k; ++r) {
-            const unsigned m = warp_max_u32(hh);
-            const unsigned c = warp_max_u32(hh == m ? hl : 0u);
-            const int e = MAX_E - int(c);
-            const float v = key_value(m);
-            if (r == 0) xmax = v;
-            sel_sum += scoring == 0 ? expf(v - xmax) : 1.f / (1.f + expf(-v));
-            if (lane == r) my_e = e, my_v = v;
-            if (lane == (e & 31)) {
-                taken |= 1u << (e >> 5);
-                lane_head<EPL, MAX_E>(khi, taken, lane, experts, hh, hl);
-            }
-        }
+        unsigned taken;
+        float xmax, sel_sum, my_v;
+        int my_e;
+        select_top_k<EPL, MAX_E>(x, experts, top_k, scoring, lane, taken, xmax, sel_sum, my_e, my_v);
 #pragma unroll
         for (int j = 0; j < EPL; ++j) count[j] += (taken >> j) & 1u;
 
