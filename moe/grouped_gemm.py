@@ -43,7 +43,7 @@ import numpy as np
 from cukernels import dtypes, tiling
 from cukernels import launch as _launch
 
-from . import gemm_configs, launch
+from . import configs, gemm_configs, launch
 
 SOURCE = Path(__file__).parent / "kernels" / "grouped_gemm.cu"
 SPLIT_KEEP_BYTES = 64 << 20  # a split-K call keeps partial-sum scratch up to this size for its next run
@@ -271,24 +271,28 @@ class GemmCall:
         return out
 
 
+def _skinny_tile(c: gemm_configs.GemmConfig) -> str:
+    """A skinny tile's (MI, WN, KS) template arguments in the fused kernels."""
+    return f"{c.block_n // (16 * c.warps_n)}, {c.warps_n}, {c.split_k}"
+
+
 def ffn_name_expression(up: gemm_configs.GemmConfig, down: gemm_configs.GemmConfig, dtype) -> str:
     """The ``moe_ffn_skinny`` instance of two skinny tiles with the same rows per pass (``SkinnyFFN``)."""
     if up.kind != "skinny" or down.kind != "skinny" or up.block_m != down.block_m:
         raise ValueError(f"the fused FFN takes two skinny tiles with the same block_m, got {up} and {down}")
-    tile = lambda c: f"{c.block_n // (16 * c.warps_n)}, {c.warps_n}, {c.split_k}"  # noqa: E731 (MI, WN, KS)
-    return f"moe_ffn_skinny<{dtypes.ctype(dtype)}, {up.block_m}, {tile(up)}, {tile(down)}, {up.stages}>"
+    return (f"moe_ffn_skinny<{dtypes.ctype(dtype)}, {up.block_m}, {_skinny_tile(up)}, {_skinny_tile(down)}, "
+            f"{up.stages}>")
 
 
 def decode_name_expression(router: gemm_configs.GemmConfig, up: gemm_configs.GemmConfig,
                            down: gemm_configs.GemmConfig, dtype, experts: int) -> str:
-    """The ``moe_decode_skinny`` instance of a layer's three skinny tiles (``SkinnyDecode``)."""
+    """The ``moe_decode_skinny`` instance of a layer's three skinny tiles (``SkinnyDecode``); ``experts`` sets
+    moe_route's experts per lane."""
     if router.kind != "skinny":
         raise ValueError(f"the one-launch decode layer takes a skinny router tile, got {router}")
-    ffn = ffn_name_expression(up, down, dtype)  # the FFN's own rules
-    epl = next(v for v in (1, 2, 4, 8, 16) if 32 * v >= experts)  # moe_route's experts per lane
-    tile = lambda c: f"{c.block_n // (16 * c.warps_n)}, {c.warps_n}, {c.split_k}"  # noqa: E731 (MI, WN, KS)
-    return (f"moe_decode_skinny<{dtypes.ctype(dtype)}, {epl}, {router.block_m}, {tile(router)}, "
-            + ffn.split(", ", 1)[1])
+    ffn_args = ffn_name_expression(up, down, dtype).split(", ", 1)[1]  # the FFN's own rules, its tiles
+    return (f"moe_decode_skinny<{dtypes.ctype(dtype)}, {configs.experts_per_lane(experts)}, {router.block_m}, "
+            f"{_skinny_tile(router)}, {ffn_args}")
 
 
 class SkinnyFFN:
@@ -373,8 +377,8 @@ class SkinnyDecode:
                    down: gemm_configs.GemmConfig) -> int:
         """The largest phase's partial sums, the group list and its count, the row offsets, and per slot / per row
         its expert, weight, slot and row weight (moe_decode_skinny)."""
-        partial = max(c.split_k * c.block_m * (c.block_n + 4) for c in (router, up, down))
-        return 4 * (partial + 2 * (512 + 1) + 5 * 512)
+        # a skinny tile's own cost is its partial sums and the group list; then the offsets and five per-slot arrays
+        return max(c.smem_bytes() for c in (router, up, down)) + 4 * (configs.MAX_EXPERTS + 1 + 5 * configs.MAX_EXPERTS)
 
     def __init__(self, router: "GemmCall", up: "GemmCall", down: "GemmCall", dtype: np.dtype, top_k: int,
                  early: bool):
