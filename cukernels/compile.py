@@ -157,6 +157,11 @@ class Kernel:
             raise RuntimeError(f"{self.name_expression}: cuOccupancyMaxActiveBlocksPerMultiprocessor failed ({rc})")
         return int(n.value)
 
+    def resident_grid(self, work: int, threads: int, smem: int) -> int:
+        """A persistent grid: ``work`` CTAs at most, and no more than the GPU holds at once (``blocks_per_sm`` on
+        every SM), so CTAs that wait on each other's counters are all running; at least one."""
+        return max(1, min(int(work), self.blocks_per_sm(threads, smem) * self.spec.sm_count))
+
     def launch(self, grid, block, args, *, smem: int = 0, stream=None) -> None:
         """A one-off launch through CuPy (arrays and NumPy scalars as arguments); the ops' hot paths use
         ``cukernels.launch.Launcher`` instead."""

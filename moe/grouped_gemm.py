@@ -213,7 +213,7 @@ class GemmCall:
                     args += (P(7), P(8), np.int32(rope[0]), np.int32(rope[1]))
             grid = config.grid(problem, launch.spec().sm_count, clusters)
             if config.kind == "skinny":  # persistent: what the GPU holds at once, striding over the items
-                grid = min(grid, kern.blocks_per_sm(config.threads, config.smem_bytes()) * launch.spec().sm_count)
+                grid = kern.resident_grid(grid, config.threads, config.smem_bytes())
                 self.early = self._early_bytes(problem, config, grid) if early else 0
                 args += (P(9), np.int32(self.early))
             self.launcher = _launch.Launcher(
@@ -276,12 +276,16 @@ def _skinny_tile(c: gemm_configs.GemmConfig) -> str:
     return f"{c.block_n // (16 * c.warps_n)}, {c.warps_n}, {c.split_k}"
 
 
-def ffn_name_expression(up: gemm_configs.GemmConfig, down: gemm_configs.GemmConfig, dtype) -> str:
-    """The ``moe_ffn_skinny`` instance of two skinny tiles with the same rows per pass (``SkinnyFFN``)."""
+def _ffn_args(up: gemm_configs.GemmConfig, down: gemm_configs.GemmConfig) -> str:
+    """The fused FFN's template arguments (BM, the two tiles, U) for two skinny tiles with the same rows per pass."""
     if up.kind != "skinny" or down.kind != "skinny" or up.block_m != down.block_m:
         raise ValueError(f"the fused FFN takes two skinny tiles with the same block_m, got {up} and {down}")
-    return (f"moe_ffn_skinny<{dtypes.ctype(dtype)}, {up.block_m}, {_skinny_tile(up)}, {_skinny_tile(down)}, "
-            f"{up.stages}>")
+    return f"{up.block_m}, {_skinny_tile(up)}, {_skinny_tile(down)}, {up.stages}"
+
+
+def ffn_name_expression(up: gemm_configs.GemmConfig, down: gemm_configs.GemmConfig, dtype) -> str:
+    """The ``moe_ffn_skinny`` instance of two skinny tiles with the same rows per pass (``SkinnyFFN``)."""
+    return f"moe_ffn_skinny<{dtypes.ctype(dtype)}, {_ffn_args(up, down)}>"
 
 
 def decode_name_expression(router: gemm_configs.GemmConfig, up: gemm_configs.GemmConfig,
@@ -290,9 +294,8 @@ def decode_name_expression(router: gemm_configs.GemmConfig, up: gemm_configs.Gem
     moe_route's experts per lane."""
     if router.kind != "skinny":
         raise ValueError(f"the one-launch decode layer takes a skinny router tile, got {router}")
-    ffn_args = ffn_name_expression(up, down, dtype).split(", ", 1)[1]  # the FFN's own rules, its tiles
     return (f"moe_decode_skinny<{dtypes.ctype(dtype)}, {configs.experts_per_lane(experts)}, {router.block_m}, "
-            f"{_skinny_tile(router)}, {ffn_args}")
+            f"{_skinny_tile(router)}, {_ffn_args(up, down)}>")
 
 
 class SkinnyFFN:
@@ -333,9 +336,7 @@ class SkinnyFFN:
             name = ffn_name_expression(cu, cd, dtype)
             kern = launch.kernel(SOURCE, name)
             smem = max(cu.smem_bytes(), cd.smem_bytes())  # the larger phase's partial sums, then the group list
-            spec = launch.spec()
-            items = cu.grid(pu) + cd.grid(pd)
-            grid = min(items, kern.blocks_per_sm(256, smem) * spec.sm_count)
+            grid = kern.resident_grid(cu.grid(pu) + cd.grid(pd), 256, smem)  # the items: up, then down
             self.early = GemmCall._early_bytes(pu, cu, grid) if early else 0
             P = _launch.Ptr  # 0 x, 1 w_up, 2 h, 3 w_down, 4 y, 5 offsets, 6 row weights, 7 sorted slots, 8 counts,
             # 9 the counters
@@ -392,9 +393,7 @@ class SkinnyDecode:
         smem = self.smem_bytes(cr, cu, cd)
         with cupy.cuda.Device(frame.device_id):
             kern = launch.kernel(SOURCE, name)
-            spec = launch.spec()
-            items = cu.grid(pu) + cd.grid(pd)
-            grid = max(min(items, kern.blocks_per_sm(256, smem) * spec.sm_count), 1)
+            grid = kern.resident_grid(cu.grid(pu) + cd.grid(pd), 256, smem)  # the FFN's items (router's: fewer)
             self.early = GemmCall._early_bytes(pu, cu, grid) if early else 0
             P = _launch.Ptr  # 0 x, 1 router weight, 2 logits, 3 w_up, 4 h, 5 w_down, 6 y, 7 inverse, 8 the counters
             self.launcher = _launch.Launcher(
@@ -402,7 +401,6 @@ class SkinnyDecode:
                 (P(0), P(1), P(2), P(3), P(4), P(5), P(6), P(7), np.int32(pr.rows), np.int32(experts),
                  np.int32(top_k), np.int32(pu.n), np.int32(pu.k), np.int32(pd.k), np.int32(self.early), P(8)),
                 smem=smem, pdl=True)
-        self.name, self.grid = name, grid
 
     def enqueue(self, stream: int, px: int, router_b: int, logits: int, w_up: int, h: int, w_down: int, y: int,
                 inverse: int, sync: int) -> None:

@@ -130,6 +130,16 @@ def test_offline_compile_reports_resources(arch):
         assert r.spills == 0 and r.stack_bytes == 0 and r.static_smem_bytes == 0
 
 
+def test_resident_grid_is_what_the_gpu_holds_at_once():
+    """A persistent grid: at most the work, at most blocks_per_sm on every SM, at least one CTA."""
+    k = object.__new__(compile.Kernel)  # no GPU: the occupancy query is stood in for
+    k.spec = device.profile("h100")
+    k.blocks_per_sm = lambda threads, smem: 2
+    assert k.resident_grid(10_000, 256, 20_000) == 2 * 132
+    assert k.resident_grid(100, 256, 20_000) == 100
+    assert k.resident_grid(0, 256, 20_000) == 1
+
+
 def test_offline_compile_reports_serialised_wgmma():
     """ptxas' C7515 note (wgmma serialised, each waiting for the last) reaches Resources, per kernel."""
     res = compile.compile_offline(AXPY.parent / "wgmma_pipeline.cu", ["pipeline<true>", "pipeline<false>"], "sm_90a")

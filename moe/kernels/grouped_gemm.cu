@@ -1145,15 +1145,25 @@ moe_grouped_gemm_skinny(const T* __restrict__ a, const T* __restrict__ b, TO* __
 // next launch finds them zeroed (the caller zeroes the buffer once). Saves the second launch and its ramp: the
 // down items of the first groups stream while the up items of the last ones finish.
 //
-// ffn_items: the up items, then the down items, of a fused FFN over `listed` group slots (shared by moe_ffn_skinny and
-// moe_decode_skinny); sync as described above. The up items go by a fixed stride (CTA c takes c, c + grid, ...),
-// the down items by ticket (the next unclaimed one, from a counter at sync[2 * SKINNY_MAX_GROUPS]): a CTA that
-// got fewer up items takes more down items, where a fixed stride over both kinds (up items carry more weight
-// bytes) left some SMs ~8 % more bytes than others (E64 top-8 T1), and the first down items a CTA takes are
-// those of the first slots, whose up items went first (H100, E64 top-8: T1 -3 %, T4 -5 % against the fixed
-// stride; tickets for the up items too were level at T1 and between the two at T4). Down items are handed out
-// in increasing order, after every up item has its CTA, so the no-deadlock argument holds. offsets,
-// row_weight and a_index may point to shared memory.
+// wait_count: one thread spins until the counter at p reaches target. An acquire load: what the counting
+// threads wrote before their fence and atomic add is visible to this CTA after its next barrier. For counters
+// of CTAs of the same grid only, all resident at once (the persistent grids here).
+__device__ __forceinline__ void wait_count(const int* p, int target) {
+    int done;
+    do {
+        asm volatile("ld.acquire.gpu.global.s32 %0, [%1];\n" : "=r"(done) : "l"(p) : "memory");
+    } while (done < target);
+}
+
+// ffn_items: the up items, then the down items, of a fused FFN over `listed` group slots (shared by moe_ffn_skinny
+// and moe_decode_skinny); sync as described above. The up items go by a fixed stride (CTA c takes c, c + grid, ...),
+// the down items by ticket (the next unclaimed one, from a counter at sync[2 * SKINNY_MAX_GROUPS]): a CTA that got
+// fewer up items takes more down items, where a fixed stride over both kinds (up items carry more weight bytes) left
+// some SMs ~8 % more bytes than others (E64 top-8 T1), and the first down items a CTA takes are those of the first
+// slots, whose up items went first (H100, E64 top-8: T1 -3 %, T4 -5 % against the fixed stride; tickets for the up
+// items too were level at T1 and between the two at T4). Down items are handed out in increasing order, after every
+// up item has its CTA, so the no-deadlock argument holds. offsets, row_weight and a_index may point to shared
+// memory.
 template <typename T, int BM, int MI1, int WN1, int KS1, int MI2, int WN2, int KS2, int U>
 __device__ __forceinline__ void ffn_items(const T* __restrict__ x, const T* __restrict__ w_up, T* __restrict__ h,
                                           const T* __restrict__ w_down, T* __restrict__ y,
@@ -1183,12 +1193,7 @@ __device__ __forceinline__ void ffn_items(const T* __restrict__ x, const T* __re
     for (int item = s_next[0]; item < items; turn ^= 1) {
         if (threadIdx.x == 0) s_next[turn ^ 1] = items1 + atomicAdd(ticket, 1);
         const int j = item - items1, slot = j / nb2, nb = j % nb2;
-        if (threadIdx.x == 0) {
-            int done;
-            do {
-                asm volatile("ld.acquire.gpu.global.s32 %0, [%1];\n" : "=r"(done) : "l"(sync + slot) : "memory");
-            } while (done < nb1);
-        }
+        if (threadIdx.x == 0) wait_count(sync + slot, nb1);
         __syncthreads();
         skinny_item<T, T, BM, MI2, WN2, KS2, U, EPI_NONE, true>(h, w_down, y, offsets, row_weight, groups[slot], nb,
                                                                hidden, inter, nullptr, 1, partial);
@@ -1280,10 +1285,7 @@ moe_decode_skinny(const T* __restrict__ x, const T* __restrict__ w_router, float
         }
     }
     if (tid == 0) {
-        int done;
-        do {
-            asm volatile("ld.acquire.gpu.global.s32 %0, [%1];\n" : "=r"(done) : "l"(barrier) : "memory");
-        } while (done < nbr);
+        wait_count(barrier, nbr);
         if (atomicAdd(barrier + 1, 1) == gridDim.x - 1) barrier[0] = barrier[1] = 0;  // every CTA is past it
     }
     for (int e = tid; e < experts; e += blockDim.x) s_cnt[e] = 0;
