@@ -126,6 +126,7 @@ class FwdTmaConfig:
     stages: int = 2
     pingpong: bool = True  # the consumers take turns issuing their GEMMs (softmax of one under the other's MMAs)
     consumers: int = 2  # consumer warpgroups; three (160 registers each) hold head dim 64's accumulators only
+    persistent: bool = False  # a CTA per SM over the query tiles (next tile's Q and K/V under this one's end)
 
     source = "flash_fwd_tma.cu"
     needs_arch = "sm_90a"
@@ -151,17 +152,20 @@ class FwdTmaConfig:
                              f"{self.head_dim}")
 
     def smem_bytes(self) -> int:
-        return 2 * self.head_dim * (self.block_m + 2 * self.stages * self.block_n) + 1024 + 8 * (1 + 4 * self.stages)
+        o_staging = self.block_m if self.persistent else 0  # persistent: O's own staging rows (else Q's)
+        return (2 * self.head_dim * (self.block_m + 2 * self.stages * self.block_n + o_staging) + 1024
+                + 8 * (1 + 4 * self.stages + self.persistent))
 
     def name_expression(self, *, dtype, mask: int = 0) -> str:
         check_mask(mask)
         pp = "true" if self.pingpong else "false"
+        tail = ",true" if self.persistent else ""
         return (f"flash_fwd_tma<{dtypes.ctype(dtype)},{self.head_dim},{self.block_n},{self.stages},{pp},{mask},"
-                f"{self.consumers}>")
+                f"{self.consumers}{tail}>")
 
     def __str__(self) -> str:
         return (f"FwdTmaConfig(d{self.head_dim} m{self.block_m} n{self.block_n} s{self.stages}"
-                f"{'' if self.pingpong else ' no-pp'})")
+                f"{'' if self.pingpong else ' no-pp'}{' persistent' if self.persistent else ''})")
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -228,6 +232,9 @@ _TMA_CANDIDATES = {
           (64, 3, 2, False)),
     256: ((64, 2, 2, True), (64, 2, 2, False)),
 }
+# persistent TMA tiles (a CTA per SM over the query tiles), after the others: planned first under a causal/window
+# mask and at head dim 128 (plan_forward); none at head dim 256 (O's own staging rows do not fit beside 2 stages)
+_TMA_PERSISTENT = {64: ((128, 2, 2, False),), 128: ((128, 2, 2, True),), 256: ()}
 # rows per second of a 192-row tile over a 128-row one at head dim 64 (H100, seed004_a, same run)
 _ROWS_192_GAIN = 1.17
 
@@ -244,6 +251,8 @@ def search_space(head_dim: int) -> list:
     sm_80+ GPU."""
     return ([FwdTmaConfig(head_dim=head_dim, block_n=n, stages=s, consumers=c, pingpong=pp)
              for n, s, c, pp in _TMA_CANDIDATES[head_dim]]
+            + [FwdTmaConfig(head_dim=head_dim, block_n=n, stages=s, consumers=c, pingpong=pp, persistent=True)
+               for n, s, c, pp in _TMA_PERSISTENT[head_dim]]
             + [FwdWgmmaConfig(head_dim=head_dim, block_n=n, warpgroups=w, stages=s)
              for n, w, s in _WGMMA_CANDIDATES[head_dim]]
             + [FwdConfig(head_dim=head_dim, block_m=m, block_n=n, warps=w, stages=s)
@@ -263,7 +272,8 @@ def plannable(spec: DeviceSpec, head_dim: int) -> list[FwdConfig]:
     space = search_space(head_dim)
     no_tma = [c for c in space if not needs_tensor_maps(c)]  # without cuda-bindings, or a stride 0
     two_consumers = sorted(space, key=lambda c: getattr(c, "consumers", 2) == 3)  # head dim 64, fewer waves
-    for order in (space, no_tma, sorted(space, key=lambda c: c.block_m != 64), two_consumers):
+    persistent = sorted(space, key=lambda c: not getattr(c, "persistent", False))
+    for order in (space, no_tma, sorted(space, key=lambda c: c.block_m != 64), two_consumers, persistent):
         fitting = [c for c in order if tiling.fits(c, spec) is None]
         if fitting and fitting[0] not in found:
             found.append(fitting[0])
@@ -286,10 +296,24 @@ def needs_tensor_maps(config) -> bool:
     return getattr(config, "tensor_maps", False)
 
 
+def kernel_masks(config) -> tuple[int, ...]:
+    """The mask kinds ``config`` has a kernel for: a persistent tile none with a packed batch (its CTAs map their
+    tiles from the sequences); the 192-row tile none with a causal/window mask on a padded batch (its registers
+    spill there, and the persistent 128-row tile measured faster: docs/perf/attention.md v3.2)."""
+    masks = MASK_KINDS
+    if getattr(config, "persistent", False):
+        masks = tuple(m for m in masks if not m & MASK_VARLEN)
+    if getattr(config, "consumers", 2) == 3:
+        masks = tuple(m for m in masks if not (m & MASK_WINDOW and not m & MASK_VARLEN))
+    return masks
+
+
 def servable(configs, problem: FwdProblem) -> list:
-    """``configs`` without the tensor-map tiles when they cannot run ``problem`` here (``tma_unusable``)."""
+    """``configs`` that have a kernel for ``problem``'s mask (``kernel_masks``), without the tensor-map tiles when
+    they cannot run ``problem`` here (``tma_unusable``)."""
+    configs = [c for c in configs if problem.mask in kernel_masks(c)]
     if tma_unusable(problem) is None:
-        return list(configs)
+        return configs
     return [c for c in configs if not needs_tensor_maps(c)]
 
 
@@ -297,6 +321,9 @@ def check_servable(config, problem: FwdProblem) -> None:
     """A plan handed in with a tensor-map tile that cannot run ``problem`` here: ValueError naming why."""
     if needs_tensor_maps(config) and (why := tma_unusable(problem)):
         raise ValueError(f"plan {config} needs tensor maps, which cannot serve these inputs: {why}")
+    if problem.mask not in kernel_masks(config):
+        raise ValueError(f"plan {config} has no kernel for mask kind {problem.mask} (causal/window 1, segments 2, "
+                         f"packed 4): it serves {kernel_masks(config)}")
 
 
 def check_mask(mask: int) -> None:
@@ -343,7 +370,15 @@ def plan_forward(problem: FwdProblem, spec: DeviceSpec) -> tiling.Plan:
     if no_tma and spec.arch == "sm_90a":
         reason += f" (no TMA tile: {no_tma})"
     tma_first = any(needs_tensor_maps(c) and tiling.fits(c, spec) is None for c in candidates)
-    if tma_first and problem.head_dim == 64:
+    persistent = [c for c in candidates if getattr(c, "persistent", False) and tiling.fits(c, spec) is None]
+    if tma_first and persistent and (problem.head_dim == 128 or problem.mask & MASK_WINDOW):
+        # measured on H100 (docs/perf/attention.md v3.2): under a causal mask the persistent tile's rounds pair
+        # heavy and light query tiles (1.0-1.4x the one-tile-per-CTA grid); at head dim 128 it is 1.00-1.04x
+        # without a mask; at head dim 64 without one it is not faster
+        candidates = persistent + [c for c in candidates if c not in persistent]
+        reason = "persistent warp-specialised TMA tile (causal/window mask or head dim 128); " + reason
+    elif tma_first and problem.head_dim == 64:
+        candidates = [c for c in candidates if not getattr(c, "persistent", False)] + persistent
         waves = {m: -(-problem.heads * problem.query_tiles(m) // spec.sm_count) for m in (128, 192)}
         longer = 1.5 / _ROWS_192_GAIN  # a 192-row CTA's time over a 128-row one's
         rows = 192 if waves[192] * longer < waves[128] else 128
@@ -352,6 +387,7 @@ def plan_forward(problem: FwdProblem, spec: DeviceSpec) -> tiling.Plan:
         reason = (f"warp-specialised TMA tile of {rows} rows: {waves[128]} waves of 128 rows against {waves[192]} "
                   f"of 192 ({longer:.2f}x as long each); " + reason)
     elif tma_first:
+        candidates = [c for c in candidates if not getattr(c, "persistent", False)] + persistent
         reason = "warp-specialised TMA tile (first on sm_90a, any grid); " + reason
     elif ctas_128 < spec.sm_count:
         candidates = sorted(candidates, key=lambda c: c.block_m != 64)

@@ -93,7 +93,7 @@ def _variants_by_arch() -> dict[tuple[str, str], list[str]]:
             for cfg in configs.plannable(spec, head_dim):
                 exprs = by_arch.setdefault((spec.arch, cfg.source), set())
                 for dt in (dtypes.FP16, dtypes.BF16):
-                    for mask in configs.MASK_KINDS:
+                    for mask in configs.kernel_masks(cfg):
                         exprs.add(cfg.name_expression(dtype=dt, mask=mask))
     return {key: sorted(e) for key, e in sorted(by_arch.items())}
 

@@ -28,11 +28,23 @@ def _inputs(batch, seq_q, seq_kv, heads, kv_heads, dim, dtype, seed):
     return q, k, v
 
 
+def _serves(plan, **kw) -> bool:
+    """Whether a plan handed in has a kernel for the mask kind of these options (configs.kernel_masks)."""
+    from attention import configs
+
+    mask = (configs.MASK_WINDOW if kw.get("causal") or kw.get("window") is not None else 0) | (
+        configs.MASK_SEGMENTS if kw.get("segment_ids") is not None else 0)
+    return plan is None or mask in configs.kernel_masks(plan.config)
+
+
 def _check(q, k, v, dtype, plan=None, **kw):
+    """o and lse against the fp32 reference; None when ``plan`` has no kernel for this mask (``_serves``)."""
     import cupy
 
     from attention import attention_reference, flash_attention
 
+    if not _serves(plan, **kw):
+        return None
     batch, seq_q, heads, dim = q.shape
     checks.poison_pool(batch * seq_q * heads * dim * 2)
     checks.poison_pool(batch * heads * seq_q * 4)
@@ -90,6 +102,35 @@ SEGMENT_CASES = [
     (1, 2048, 4, 4, 256, "bf16", 5, {"causal": True, "window": (300, 0)}),
     (3, 517, 8, 2, 128, "fp16", 40, {"window": (50, 50)}),
 ]
+
+
+@pytest.mark.parametrize("dim", [64, 128])
+def test_tma_persistent_rounds(dim):
+    """The persistent TMA tile with more query tiles than SMs (each CTA takes several, every other round in
+    reverse): equal to the reference, and bitwise equal to the same tile run one query tile per CTA, with no mask,
+    causal, a window and segments (a ragged last query tile, GQA)."""
+    import dataclasses
+
+    import cupy
+
+    from attention import configs, flash_attention
+    from attention.suites import packed_segment_ids
+    from cukernels import device, tune
+
+    plans = [p for p in _tma_plans(dim) if p.config.persistent]
+    assert plans, "no persistent TMA tile fits this GPU"
+    batch, seq, heads, kv_heads = 3, 1100, 8, 2
+    tiles = batch * heads * -(-seq // plans[0].config.block_m)
+    assert tiles > device.current().sm_count  # several rounds per CTA
+    q, k, v = _inputs(batch, seq, seq, heads, kv_heads, dim, "bf16", seed=dim + 11)
+    ids = cupy.asarray(packed_segment_ids(batch, seq, 4, seed=dim))
+    for plan in plans:
+        single = tune.explicit(dataclasses.replace(plan.config, persistent=False), device.current())
+        for kw in ({}, {"causal": True}, {"window": (300, 40)}, {"segment_ids": ids}):
+            o, lse = _check(q, k, v, "bf16", plan=plan, **kw)
+            o1, lse1 = flash_attention(q, k, v, return_lse=True, plan=single, **kw)
+            assert bool(cupy.array_equal(o.view(cupy.uint16), o1.view(cupy.uint16))), (plan.config, kw)
+            assert bool(cupy.array_equal(lse, lse1)), (plan.config, kw)
 
 
 @pytest.mark.parametrize("case", SEGMENT_CASES, ids=[f"seg{c[6]}_s{c[1]}_d{c[4]}_{c[5]}_{len(c[7])}" for c in SEGMENT_CASES])
@@ -252,6 +293,8 @@ def test_tma_kernel_strided_and_empty_rows(dim):
     q, k, v = qkv[:, :, 0], qkv[:, :, 1], qkv[:, :, 2]
     q2, k2, v2 = _inputs(1, 600, 50, 2, 2, dim, "fp16", seed=3)
     for plan in _tma_plans(dim):
+        if not _serves(plan, causal=True):
+            continue
         _check(q, k, v, "bf16", plan=plan, causal=True)
         o, lse = _check(q2, k2, v2, "fp16", plan=plan, causal=True)
         assert (cupy.asnumpy(o)[:, :550] == 0).all()

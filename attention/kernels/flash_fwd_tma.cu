@@ -12,7 +12,11 @@
 // stored as query rows.
 //
 // Grid: (query tiles, heads, batch) as flash_fwd_wgmma, heaviest (last) query tiles first; BLOCK_M = 64 x
-// CONSUMERS (128 or, at head dim 64, 192: each K/V stage then feeds 1.5x the query rows).
+// CONSUMERS (128 or, at head dim 64, 192: each K/V stage then feeds 1.5x the query rows). PERSISTENT: at most one
+// CTA per SM, each taking query tiles in rounds (tile_at below); the K/V ring runs on from one tile to the next,
+// the producer loads the next tile's Q once every consumer has released this one's (q_empty, after its last
+// Q K^T), and O is staged in its own rows behind the K/V stages, so the next tile's loads overlap this one's last
+// P V and epilogue. Not for packed batches (their CTAs map tiles from the sequences).
 // Block: 128 x (CONSUMERS + 1) threads = a producer warpgroup and CONSUMERS consumer warpgroups.
 //   warpgroup 0, the producer (setmaxnreg 32): lane 0 of warp 0 loads Q once (q_bar), then per visible KV tile j
 //     waits until K's slot of stage j % STAGES is free (empty_k: every consumer's Q K^T of the tile that held it
@@ -29,15 +33,17 @@
 // Epilogue: each consumer stages O / l in its own rows of Q's space (the blocked, swizzled layout; its last read
 // of Q is done) and writes whole rows with 16-byte stores; LSE as flash_fwd.
 //
-// Shared memory (1024-byte aligned): Q (BLOCK_M x HEAD_DIM), STAGES x K, STAGES x V (BLOCK_N x HEAD_DIM), then
-// the barriers: q_bar, full_k[STAGES], full_v[STAGES], empty_k[STAGES], empty_v[STAGES].
+// Shared memory (1024-byte aligned): Q (BLOCK_M x HEAD_DIM), STAGES x K, STAGES x V (BLOCK_N x HEAD_DIM), O's
+// staging rows (PERSISTENT only, BLOCK_M x HEAD_DIM), then the barriers: q_bar, full_k[STAGES], full_v[STAGES],
+// empty_k[STAGES], empty_v[STAGES], q_empty (PERSISTENT only).
 #include "sm90_common.cuh"
 #include "tma.cuh"
 #include "pdl.cuh"
 
 using namespace attn;
 
-template <typename T, int HEAD_DIM, int BLOCK_N, int STAGES, bool PINGPONG, int MASK, int CONSUMERS = 2>
+template <typename T, int HEAD_DIM, int BLOCK_N, int STAGES, bool PINGPONG, int MASK, int CONSUMERS = 2,
+          bool PERSISTENT = false>
 __global__ void __launch_bounds__(128 * (CONSUMERS + 1), 1)
 flash_fwd_tma(const __grid_constant__ tma::TensorMap q_map, const __grid_constant__ tma::TensorMap k_map,
               const __grid_constant__ tma::TensorMap v_map, T* __restrict__ o, float* __restrict__ lse,
@@ -60,12 +66,16 @@ flash_fwd_tma(const __grid_constant__ tma::TensorMap q_map, const __grid_constan
     static_assert(HEAD_DIM % 64 == 0 && HEAD_DIM <= 256, "head_dim 64, 128 or 256");
     static_assert(BLOCK_N == 64 || BLOCK_N == 128, "wgmma N of S");
 
+    static_assert(!(PERSISTENT && VARLEN), "a packed batch maps its tiles per CTA (not persistent)");
+    constexpr int O_BYTES = PERSISTENT ? Q_BYTES : 0;  // O's staging space (else Q's)
+
     extern __shared__ __align__(1024) unsigned char smem_raw[];
     const unsigned raw0 = smem_addr(smem_raw);
     const unsigned sQ = (raw0 + 1023) & ~1023u;  // smem_bytes() reserves the slack
     const unsigned sK = sQ + Q_BYTES, sV = sK + STAGES * KV_BYTES;
-    const unsigned q_bar = sV + STAGES * KV_BYTES, full_k = q_bar + 8, full_v = full_k + 8 * STAGES,
-                   empty_k = full_v + 8 * STAGES, empty_v = empty_k + 8 * STAGES;
+    const unsigned sO = PERSISTENT ? sV + STAGES * KV_BYTES : sQ;
+    const unsigned q_bar = sV + STAGES * KV_BYTES + O_BYTES, full_k = q_bar + 8, full_v = full_k + 8 * STAGES,
+                   empty_k = full_v + 8 * STAGES, empty_v = empty_k + 8 * STAGES, q_empty = empty_v + 8 * STAGES;
 
     const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, wg = warp >> 2;
     if (tid == 0) {
@@ -79,53 +89,74 @@ flash_fwd_tma(const __grid_constant__ tma::TensorMap q_map, const __grid_constan
             tma::mbar_init(empty_k + 8 * s, CONSUMERS);
             tma::mbar_init(empty_v + 8 * s, CONSUMERS);
         }
+        if constexpr (PERSISTENT) tma::mbar_init(q_empty, CONSUMERS);
         tma::fence_mbar_init();
     }
     __syncthreads();
     pdl::enter();  // set up: from here on the previous kernel's outputs are read and ours written
 
-    // ---- the query tile, its sequence (packed batches) and the KV tiles it sees: each role works them out after
-    // taking its registers (values live across setmaxnreg.dec would have to fit the producer's few)
-    int m_block = gridDim.x - 1 - blockIdx.x;
-    int b = blockIdx.z;
-    const int head = blockIdx.y;
-    int q_row0 = 0, kv_row0 = 0;  // a packed sequence's first rows in the maps
-    auto enter = [&]() {  // false: a packed batch's grid runs past its last tile (every thread of the CTA alike)
-        if constexpr (VARLEN) {
-            int tile;
-            if (!varlen_tile<BLOCK_M>(q_ids, batch, seq_q, blockIdx.x, b, tile)) return false;
-            const VarlenSeq sq = varlen_seq(q_ids, b, seq_q), sk = varlen_seq(kv_ids, b, seq_kv);
-            lse += (long long)head * seq_q + sq.start;  // the sequence's row of lse [heads, total_q]
-            o += (long long)sq.start * heads * HEAD_DIM;
-            q_row0 = sq.start;
-            kv_row0 = sk.start;
-            seq_q = sq.len;
-            seq_kv = sk.len;
-            m_block = (seq_q + BLOCK_M - 1) / BLOCK_M - 1 - tile;
-            b = 0;
+    // ---- the CTA's query tiles. One per CTA: (gridDim.x - 1 - blockIdx.x, blockIdx.y, blockIdx.z), heaviest
+    // (last) query tiles first. PERSISTENT: a grid of at most one CTA per SM over the n_m x heads x batch tiles,
+    // numbered as that grid's CTAs (query tiles of a head, heaviest first, then heads, then batch: the CTAs at work
+    // at once share few heads' K/V in L2); round r of CTA c takes tile r G + c, every other round in reverse
+    // (r G + G - 1 - c).
+    // Each role works its tiles out after taking its registers (values live across setmaxnreg.dec would have to fit
+    // the producer's few).
+    struct Tile {
+        int m_block, head, b, q_row0, kv_row0, seq_q, seq_kv;  // q_row0 / kv_row0: a packed sequence's first rows
+    };
+    auto tile_at = [&](int i, Tile& tl) {  // the CTA's i-th tile; false past its last
+        tl.q_row0 = tl.kv_row0 = 0;
+        tl.seq_q = seq_q;
+        tl.seq_kv = seq_kv;
+        if constexpr (PERSISTENT) {
+            const int n_m = (seq_q + BLOCK_M - 1) / BLOCK_M, G = gridDim.x;
+            const int t = i * G + ((i & 1) ? G - 1 - (int)blockIdx.x : (int)blockIdx.x);
+            if (t >= n_m * heads * batch) return false;
+            tl.m_block = n_m - 1 - t % n_m;
+            tl.head = t / n_m % heads;
+            tl.b = t / n_m / heads;
         } else {
-            lse += ((long long)b * heads + head) * seq_q;
+            if (i > 0) return false;
+            tl.m_block = gridDim.x - 1 - blockIdx.x;
+            tl.head = blockIdx.y;
+            tl.b = blockIdx.z;
+        }
+        if constexpr (VARLEN) {  // false: a packed batch's grid runs past its last tile (every thread alike)
+            int tile;
+            if (!varlen_tile<BLOCK_M>(q_ids, batch, seq_q, blockIdx.x, tl.b, tile)) return false;
+            const VarlenSeq sq = varlen_seq(q_ids, tl.b, seq_q), sk = varlen_seq(kv_ids, tl.b, seq_kv);
+            tl.q_row0 = sq.start;
+            tl.kv_row0 = sk.start;
+            tl.seq_q = sq.len;
+            tl.seq_kv = sk.len;
+            tl.m_block = (sq.len + BLOCK_M - 1) / BLOCK_M - 1 - tile;
+            tl.b = 0;
         }
         return true;
     };
-    auto kv_tiles = [&]() {
-        const int m0 = m_block * BLOCK_M;
-        return KvTileRange<BLOCK_N, WINDOW, SEGMENTS>(m0, min(m0 + BLOCK_M, seq_q) - 1, seq_q, seq_kv, window_left,
-                                                      window_right, q_tile_ids, kv_tile_ids, b, m_block, gridDim.x);
+    auto kv_tiles = [&](const Tile& tl) {
+        const int m0 = tl.m_block * BLOCK_M;
+        const int m_tiles = PERSISTENT ? (seq_q + BLOCK_M - 1) / BLOCK_M : gridDim.x;
+        return KvTileRange<BLOCK_N, WINDOW, SEGMENTS>(m0, min(m0 + BLOCK_M, tl.seq_q) - 1, tl.seq_q, tl.seq_kv,
+                                                      window_left, window_right, q_tile_ids, kv_tile_ids, tl.b,
+                                                      tl.m_block, m_tiles);
     };
 
     if (wg == 0) {  // ---------------------------------------------------------------- producer
         ws::regs_dec<32>();
-        if (warp != 0 || !enter()) return;
-        if (lane == 0) {
-            const int m0 = m_block * BLOCK_M;
-            const auto tiles = kv_tiles();
-            const int kv_head = head / kv_group;
+        if (warp != 0 || lane != 0) return;
+        int j = 0;  // K/V tiles loaded so far: the ring runs on across the CTA's query tiles
+        Tile tl;
+        for (int i = 0; tile_at(i, tl); ++i) {
+            const int m0 = tl.m_block * BLOCK_M;
+            const auto tiles = kv_tiles(tl);
+            const int kv_head = tl.head / kv_group;
+            if constexpr (PERSISTENT) tma::mbar_wait(q_empty, (i & 1) ^ 1);  // every consumer's last Q K^T done
             tma::mbar_arrive_expect_tx(q_bar, Q_BYTES);
 #pragma unroll
             for (int c = 0; c < BLOCKS; ++c)
-                tma::load_4d(sQ + c * (BLOCK_M * 128), q_map, q_bar, 64 * c, q_row0 + m0, head, b);
-            int j = 0;
+                tma::load_4d(sQ + c * (BLOCK_M * 128), q_map, q_bar, 64 * c, tl.q_row0 + m0, tl.head, tl.b);
             for (int nb = tiles.next_visible(tiles.nb_min); nb < tiles.nb_max; nb = tiles.next_visible(nb + 1), ++j) {
                 const int s = j % STAGES;
                 // K, then V: wait until the slot is free, announce the bytes, one copy per 64-column block
@@ -135,149 +166,168 @@ flash_fwd_tma(const __grid_constant__ tma::TensorMap q_map, const __grid_constan
 #pragma unroll
                     for (int c = 0; c < BLOCKS; ++c)
                         tma::load_4d(dst + s * KV_BYTES + c * (BLOCK_N * 128), map, full_bars + 8 * s, 64 * c,
-                                     kv_row0 + nb * BLOCK_N, kv_head, b);
+                                     tl.kv_row0 + nb * BLOCK_N, kv_head, tl.b);
                 };
                 load(sK, k_map, empty_k, full_k);
                 load(sV, v_map, empty_v, full_v);
             }
+            if constexpr (!PERSISTENT) break;  // one tile (lets the compiler see a single pass)
         }
         return;
     }
 
     // -------------------------------------------------------------------- consumers
     ws::regs_inc<CONSUMER_REGS>();
-    if (!enter()) return;
-    const int m0 = m_block * BLOCK_M;
-    const auto tiles = kv_tiles();
-    const int first = tiles.next_visible(tiles.nb_min);
     const int cw = wg - 1, tg = tid - 128 * wg;
     const int g = lane >> 2, t = lane & 3;
     const int warp_row = cw * 64 + (warp & 3) * 16;  // this warp's 16 rows in the tile
-    const int shift = seq_kv - seq_q;
-
-    float o_acc[DT][4];
-    float(&o_flat)[DT * 4] = reinterpret_cast<float(&)[DT * 4]>(o_acc);  // the wgmma operand view
-    float s[NT][4];
-    float(&s_flat)[NT * 4] = reinterpret_cast<float(&)[NT * 4]>(s);
-    unsigned p[BLOCK_N / 16][4];  // P of the tile whose P V is next, the A fragments of its k-steps
-    float row_max[2], row_sum[2];
-    int qid[2];
-    init_rows<DT, SEGMENTS>(o_acc, row_max, row_sum, qid, m0 + warp_row + g, seq_q, q_ids + (long long)b * seq_q);
     const unsigned q_wg = sQ + cw * 64 * 128;  // this warpgroup's 64 rows inside each 64-column block of Q
+    int j = 0;  // K/V tiles consumed so far (the producer's count)
+    Tile tl;
+    for (int i = 0; tile_at(i, tl); ++i) {
+        const int m0 = tl.m_block * BLOCK_M;
+        const auto tiles = kv_tiles(tl);
+        const int first = tiles.next_visible(tiles.nb_min);
+        const int shift = tl.seq_kv - tl.seq_q;
 
-    auto issue_s = [&](int stage) {  // S = Q K^T of the tile in `stage`, one wgmma group (not waited for)
-        issue_qk<T, HEAD_DIM, BLOCK_M, BLOCK_N>(s_flat, q_wg, sK + stage * KV_BYTES);
-    };
-    auto issue_pv = [&](int stage) {  // O += P V of the tile in `stage`, one wgmma group (not waited for)
-        const unsigned v_st = sV + stage * KV_BYTES;
-        wgmma::fence();
-#pragma unroll
-        for (int kj = 0; kj < BLOCK_N / 16; ++kj)
-            wgmma::mma_rs_bt<T, HEAD_DIM>(o_flat, p[kj], wgmma::desc_mn_major(v_st + kj * 16 * 128, BLOCK_N * 128));
-        wgmma::commit();
-    };
-    auto softmax = [&](int nb, float(&alpha)[2]) {  // masks and online softmax of S (tile nb), in place
-        if (tiles.needs_mask(nb)) {
-            mask_scores<NT, WINDOW, SEGMENTS>(s, nb * BLOCK_N, m0 + warp_row + g + shift, seq_kv, window_left,
-                                              window_right, kv_ids + (long long)b * seq_kv, qid, t);
-            softmax_update<NT, true>(s, row_max, row_sum, scale_log2, alpha);
-        } else {
-            softmax_update<NT, false>(s, row_max, row_sum, scale_log2, alpha);
-        }
-    };
-    auto pack_p = [&]() {
-#pragma unroll
-        for (int kj = 0; kj < BLOCK_N / 16; ++kj) pack_a_fragment<T>(s[2 * kj], s[2 * kj + 1], p[kj]);
-    };
-    auto release = [&](unsigned bars, int stage) {  // empty_k or empty_v
-        if (tg == 0) tma::mbar_arrive(bars + 8 * stage);
-    };
-    // pingpong: the consumers take turns issuing their GEMMs in a ring (named barrier 1 + CONSUMERS + c: consumer
-    // c's turn; 1 + c is its epilogue's), so one's tensor-core work runs while the others compute their softmax.
-    // Consumer 0 goes first (the last one hands it the first turn); every turn ends by handing over to the next,
-    // except the last consumer's last turn (the arrivals on each barrier match its waits).
-    auto turn_take = [&]() {
-        if constexpr (PINGPONG) ws::bar_sync(1 + CONSUMERS + cw, 256);
-    };
-    auto turn_pass = [&]() {
-        if constexpr (PINGPONG) ws::bar_arrive(1 + CONSUMERS + (cw + 1) % CONSUMERS, 256);
-    };
+        float o_acc[DT][4];
+        float(&o_flat)[DT * 4] = reinterpret_cast<float(&)[DT * 4]>(o_acc);  // the wgmma operand view
+        float s[NT][4];
+        float(&s_flat)[NT * 4] = reinterpret_cast<float(&)[NT * 4]>(s);
+        unsigned p[BLOCK_N / 16][4];  // P of the tile whose P V is next, the A fragments of its k-steps
+        float row_max[2], row_sum[2];
+        int qid[2];
+        init_rows<DT, SEGMENTS>(o_acc, row_max, row_sum, qid, m0 + warp_row + g, tl.seq_q,
+                                q_ids + (long long)tl.b * tl.seq_q);
 
-    tma::mbar_wait(q_bar, 0);  // always: the CTA may not exit with Q's copy in flight
-    if (first < tiles.nb_max) {
-        int nb = first, j = 0;
-        if (cw == CONSUMERS - 1) turn_pass();
-        tma::mbar_wait(full_k, 0);
-        turn_take();
-        issue_s(0);
-        turn_pass();
-        wgmma::wait<0>();
-        wgmma::fence_operands(s_flat);
-        release(empty_k, 0);
-        float alpha[2];
-        softmax(nb, alpha);  // O is still zero: no rescale
-        pack_p();
-        for (int nn = tiles.next_visible(nb + 1); nn < tiles.nb_max; nn = tiles.next_visible(nn + 1)) {
-            const int st = j % STAGES, st_n = (j + 1) % STAGES;
-            tma::mbar_wait(full_k + 8 * st_n, ((j + 1) / STAGES) & 1);
+        auto issue_s = [&](int stage) {  // S = Q K^T of the tile in `stage`, one wgmma group (not waited for)
+            issue_qk<T, HEAD_DIM, BLOCK_M, BLOCK_N>(s_flat, q_wg, sK + stage * KV_BYTES);
+        };
+        auto issue_pv = [&](int stage) {  // O += P V of the tile in `stage`, one wgmma group (not waited for)
+            const unsigned v_st = sV + stage * KV_BYTES;
+            wgmma::fence();
+#pragma unroll
+            for (int kj = 0; kj < BLOCK_N / 16; ++kj)
+                wgmma::mma_rs_bt<T, HEAD_DIM>(o_flat, p[kj], wgmma::desc_mn_major(v_st + kj * 16 * 128, BLOCK_N * 128));
+            wgmma::commit();
+        };
+        auto softmax = [&](int nb, float(&alpha)[2]) {  // masks and online softmax of S (tile nb), in place
+            if (tiles.needs_mask(nb)) {
+                mask_scores<NT, WINDOW, SEGMENTS>(s, nb * BLOCK_N, m0 + warp_row + g + shift, tl.seq_kv, window_left,
+                                                  window_right, kv_ids + (long long)tl.b * tl.seq_kv, qid, t);
+                softmax_update<NT, true>(s, row_max, row_sum, scale_log2, alpha);
+            } else {
+                softmax_update<NT, false>(s, row_max, row_sum, scale_log2, alpha);
+            }
+        };
+        auto pack_p = [&]() {
+#pragma unroll
+            for (int kj = 0; kj < BLOCK_N / 16; ++kj) pack_a_fragment<T>(s[2 * kj], s[2 * kj + 1], p[kj]);
+        };
+        auto release = [&](unsigned bars, int stage) {  // empty_k or empty_v
+            if (tg == 0) tma::mbar_arrive(bars + 8 * stage);
+        };
+        auto release_q = [&]() {  // this warpgroup's last read of Q in this tile is done: the next tile's may come
+            if constexpr (PERSISTENT) release(q_empty, 0);
+        };
+        // pingpong: the consumers take turns issuing their GEMMs in a ring (named barrier 1 + CONSUMERS + c: consumer
+        // c's turn; 1 + c is its epilogue's), so one's tensor-core work runs while the others compute their softmax.
+        // Consumer 0 goes first (the last one hands it the first turn); every turn ends by handing over to the next,
+        // except the last consumer's last turn (the arrivals on each barrier match its waits). Per query tile, so
+        // across a persistent CTA's tiles too: the last consumer's first hand-over of a tile follows its last turn of
+        // the tile before, which follows every other consumer's last turn there.
+        auto turn_take = [&]() {
+            if constexpr (PINGPONG) ws::bar_sync(1 + CONSUMERS + cw, 256);
+        };
+        auto turn_pass = [&]() {
+            if constexpr (PINGPONG) ws::bar_arrive(1 + CONSUMERS + (cw + 1) % CONSUMERS, 256);
+        };
+
+        tma::mbar_wait(q_bar, i & 1);  // always: the CTA may not exit with Q's copy in flight
+        if (first < tiles.nb_max) {
+            int nb = first;
+            if (cw == CONSUMERS - 1) turn_pass();
+            const int st0 = j % STAGES;
+            tma::mbar_wait(full_k + 8 * st0, (j / STAGES) & 1);
+            turn_take();
+            issue_s(st0);
+            turn_pass();
+            wgmma::wait<0>();
+            wgmma::fence_operands(s_flat);
+            release(empty_k, st0);
+            float alpha[2];
+            softmax(nb, alpha);  // O is still zero: no rescale
+            pack_p();
+            for (int nn = tiles.next_visible(nb + 1); nn < tiles.nb_max; nn = tiles.next_visible(nn + 1)) {
+                const int st = j % STAGES, st_n = (j + 1) % STAGES;
+                tma::mbar_wait(full_k + 8 * st_n, ((j + 1) / STAGES) & 1);
+                tma::mbar_wait(full_v + 8 * st, (j / STAGES) & 1);
+                wgmma::fence_operands(o_flat);
+                turn_take();
+                issue_s(st_n);
+                issue_pv(st);
+                turn_pass();
+                wgmma::wait<1>();  // S of the next tile is done; P V of this one may still run
+                wgmma::fence_operands(s_flat);
+                release(empty_k, st_n);
+                softmax(nn, alpha);
+                wgmma::wait<0>();
+                wgmma::fence_operands(o_flat);
+                wgmma::fence_operands(reinterpret_cast<unsigned(&)[BLOCK_N / 4]>(p));
+                release(empty_v, st);
+                rescale_rows<DT>(o_acc, alpha);
+                pack_p();
+                nb = nn;
+                ++j;
+            }
+            release_q();  // every Q K^T of the tile is done
+            const int st = j % STAGES;
             tma::mbar_wait(full_v + 8 * st, (j / STAGES) & 1);
             wgmma::fence_operands(o_flat);
             turn_take();
-            issue_s(st_n);
             issue_pv(st);
-            turn_pass();
-            wgmma::wait<1>();  // S of the next tile is done; P V of this one may still run
-            wgmma::fence_operands(s_flat);
-            release(empty_k, st_n);
-            softmax(nn, alpha);
+            if (cw != CONSUMERS - 1) turn_pass();
             wgmma::wait<0>();
             wgmma::fence_operands(o_flat);
-            wgmma::fence_operands(reinterpret_cast<unsigned(&)[BLOCK_N / 4]>(p));
             release(empty_v, st);
-            rescale_rows<DT>(o_acc, alpha);
-            pack_p();
-            nb = nn;
             ++j;
+        } else {
+            release_q();
         }
-        const int st = j % STAGES;
-        tma::mbar_wait(full_v + 8 * st, (j / STAGES) & 1);
-        wgmma::fence_operands(o_flat);
-        turn_take();
-        issue_pv(st);
-        if (cw != CONSUMERS - 1) turn_pass();
-        wgmma::wait<0>();
-        wgmma::fence_operands(o_flat);
-        release(empty_v, st);
-    }
 
-    // ---- epilogue: O / l staged in this warpgroup's rows of Q's space (blocked, swizzled), then 16-byte stores
+        // ---- epilogue: O / l staged in this warpgroup's rows of its staging space (Q's, whose last read is done, or
+        // PERSISTENT its own, as the next tile's Q may be arriving; blocked, swizzled), then 16-byte stores
 #pragma unroll
-    for (int h = 0; h < 2; ++h) {
-        float inv;
-        const float row_lse = finish_row(row_sum[h], row_max[h], scale_log2, inv);
-        const int r = warp_row + g + 8 * h;
+        for (int h = 0; h < 2; ++h) {
+            float inv;
+            const float row_lse = finish_row(row_sum[h], row_max[h], scale_log2, inv);
+            const int r = warp_row + g + 8 * h;
 #pragma unroll
-        for (int dt = 0; dt < DT; ++dt) {
-            const unsigned addr = sQ + wgmma::blocked_offset<BLOCK_M>(r, dt) + 4 * t;
-            const unsigned v = pack2<T>(o_acc[dt][2 * h] * inv, o_acc[dt][2 * h + 1] * inv);
-            asm volatile("st.shared.b32 [%0], %1;\n" ::"r"(addr), "r"(v));
+            for (int dt = 0; dt < DT; ++dt) {
+                const unsigned addr = sO + wgmma::blocked_offset<BLOCK_M>(r, dt) + 4 * t;
+                const unsigned v = pack2<T>(o_acc[dt][2 * h] * inv, o_acc[dt][2 * h + 1] * inv);
+                asm volatile("st.shared.b32 [%0], %1;\n" ::"r"(addr), "r"(v));
+            }
+            if (t == 0 && m0 + r < tl.seq_q)  // lse [batch, heads, seq_q], or [heads, total_q] packed
+                lse[(VARLEN ? (long long)tl.head * seq_q + tl.q_row0 : ((long long)tl.b * heads + tl.head) * seq_q) +
+                    m0 + r] = row_lse;
         }
-        if (t == 0 && m0 + r < seq_q)
-            lse[m0 + r] = row_lse;
-    }
-    ws::bar_sync(1 + cw, 128);
+        ws::bar_sync(1 + cw, 128);
 #pragma unroll
-    for (int it = 0; it < 64 * CHUNKS / 128; ++it) {
-        const int i = it * 128 + tg;
-        const int r = cw * 64 + i / CHUNKS, ch = i % CHUNKS;
-        const int grow = m0 + r;
-        if (grow < seq_q) {
-            uint4 v;
-            asm volatile("ld.shared.v4.b32 {%0, %1, %2, %3}, [%4];\n"
-                         : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
-                         : "r"(sQ + wgmma::blocked_offset<BLOCK_M>(r, ch)));
-            T* dst = o + (((long long)b * seq_q + grow) * heads + head) * HEAD_DIM + ch * 8;
-            *reinterpret_cast<uint4*>(dst) = v;
+        for (int it = 0; it < 64 * CHUNKS / 128; ++it) {
+            const int idx = it * 128 + tg;
+            const int r = cw * 64 + idx / CHUNKS, ch = idx % CHUNKS;
+            const int grow = m0 + r;
+            if (grow < tl.seq_q) {
+                uint4 v;
+                asm volatile("ld.shared.v4.b32 {%0, %1, %2, %3}, [%4];\n"
+                             : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
+                             : "r"(sO + wgmma::blocked_offset<BLOCK_M>(r, ch)));
+                T* dst = o + (((long long)tl.b * tl.seq_q + tl.q_row0 + grow) * heads + tl.head) * HEAD_DIM + ch * 8;
+                *reinterpret_cast<uint4*>(dst) = v;
+            }
         }
+        if constexpr (!PERSISTENT) break;
+        ws::bar_sync(1 + cw, 128);  // the staging rows are read before the next tile's writes
     }
 }
