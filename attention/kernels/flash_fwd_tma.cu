@@ -145,10 +145,14 @@ flash_fwd_tma(const __grid_constant__ tma::TensorMap q_map, const __grid_constan
 
     if (wg == 0) {  // ---------------------------------------------------------------- producer
         ws::regs_dec<32>();
-        if (warp != 0 || lane != 0) return;
+        // warp 0 looks its tile up together (a packed batch's lookup is a warp scan), lane 0 loads; a persistent
+        // CTA's lookups are arithmetic: lane 0 alone
+        if (warp != 0 || (PERSISTENT && lane != 0)) return;
         int j = 0;  // K/V tiles loaded so far: the ring runs on across the CTA's query tiles
         Tile tl;
         for (int i = 0; tile_at(i, tl); ++i) {
+            if constexpr (!PERSISTENT)
+                if (lane != 0) break;  // (one tile per CTA here)
             const int m0 = tl.m_block * BLOCK_M;
             const auto tiles = kv_tiles(tl);
             const int kv_head = tl.head / kv_group;
