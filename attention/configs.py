@@ -117,9 +117,11 @@ class FwdWgmmaConfig:
 class FwdTmaConfig:
     """One instance of ``flash_fwd_tma`` (kernels/flash_fwd_tma.cu, sm_90a only): warp-specialised, 64 query rows
     per consumer warpgroup (two, or three at head dim 64: 128 or 192 rows per CTA) and BLOCK_N KV rows per stage
-    of an mbarrier ring filled by TMA from a producer warpgroup. Shared memory: Q tile + STAGES x (K + V tiles), 1 KiB to align them to the swizzle
-    atom, and the barriers (Q, full K, full V and empty per stage). Needs cuda-bindings for the tensor maps and
-    q/k/v strides a tensor map can describe (``FwdProblem.tma_layout``)."""
+    of an mbarrier ring filled by TMA from a producer warpgroup; ``persistent``: a CTA per SM takes the query tiles
+    in rounds (not for packed batches: ``kernel_masks``). Shared memory: Q tile + STAGES x (K + V tiles)
+    (+ O's staging rows when persistent), 1 KiB to align them to the swizzle atom, and the barriers (Q, full K,
+    full V and empty per stage; Q empty when persistent). Needs cuda-bindings for the tensor maps and q/k/v
+    strides a tensor map can describe (``FwdProblem.tma_layout``)."""
 
     head_dim: int
     block_n: int

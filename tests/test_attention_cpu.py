@@ -285,3 +285,37 @@ def test_tma_tile_only_where_tensor_maps_can_serve(monkeypatch):
     plan = configs.plan_forward(configs.FwdProblem(**base), h100)
     assert not isinstance(plan.config, configs.FwdTmaConfig) and "no cuda-bindings here" in plan.reason
     assert configs.tma_tiles(h100, 256) and not configs.tma_tiles(next(p for p in PROFILES if p.key == "a100_80gb"), 128)
+
+
+def test_persistent_tile_where_measured_faster(monkeypatch):
+    """On sm_90a the persistent TMA tile is planned under a causal/window mask and at head dim 128, never for a
+    packed batch; head dim 64 without a mask keeps the one-tile-per-CTA tiles and head dim 256 has none. A plan
+    handed in for a mask its config has no kernel for is refused by name (``kernel_masks``)."""
+    from cukernels import tma
+
+    h100 = next(p for p in PROFILES if p.key == "h100_sxm")
+    monkeypatch.setattr(tma, "available", lambda: None)
+
+    def planned(head_dim, **kw):
+        problem = configs.FwdProblem(batch=4, seq_q=1024, seq_kv=1024, heads=8, kv_heads=8, head_dim=head_dim, **kw)
+        return configs.plan_forward(problem, h100)
+
+    for head_dim, kw, persistent in ((64, dict(causal=True), True), (64, {}, False), (128, {}, True),
+                                     (128, dict(causal=True), True), (128, dict(window=(100, 0)), True),
+                                     (256, dict(causal=True), False)):
+        plan = planned(head_dim, **kw)
+        assert isinstance(plan.config, configs.FwdTmaConfig), (head_dim, kw)
+        assert plan.config.persistent == persistent, (head_dim, kw, str(plan))
+        if persistent:
+            assert "persistent" in plan.reason and plan.config.consumers == 2
+    packed = configs.FwdProblem(batch=4, seq_q=4096, seq_kv=4096, heads=8, kv_heads=8, head_dim=128, causal=True,
+                                varlen=True)
+    assert not configs.plan_forward(packed, h100).config.persistent
+    persistent = next(c for c in configs.tma_tiles(h100, 128) if c.persistent)
+    assert configs.MASK_VARLEN not in configs.kernel_masks(persistent)
+    with pytest.raises(ValueError, match="no kernel for mask kind"):
+        configs.check_servable(persistent, packed)
+    rows_192 = next(c for c in configs.tma_tiles(h100, 64) if c.consumers == 3)
+    assert configs.MASK_WINDOW not in configs.kernel_masks(rows_192)
+    assert configs.MASK_VARLEN | configs.MASK_WINDOW in configs.kernel_masks(rows_192)
+    assert not any(c.persistent for c in configs.tma_tiles(h100, 256))
