@@ -8,6 +8,8 @@ that is how CI proves every planned variant builds, without spills, for every pr
 """
 from __future__ import annotations
 
+import collections
+import contextlib
 import dataclasses
 import functools
 import hashlib
@@ -233,14 +235,15 @@ def _performance_warnings(log: str) -> dict[str, tuple[str, ...]]:
     return {k: tuple(v) for k, v in out.items()}
 
 
-def compile_offline(
-    source: Path | str, name_expressions: Sequence[str], arch: str, *, options: Sequence[str] = ()
-) -> dict[str, Resources]:
-    """Compile for ``arch`` (e.g. ``sm_80``, ``sm_90a``) with no GPU; return ptxas resources per name expression."""
+_PTX_ENTRY = re.compile(r"\.entry\s+(\S+?)\s*\(")
+
+
+@contextlib.contextmanager
+def _offline_program(source: Path, name_expressions: Sequence[str], opts: Sequence[str]):
+    """An NVRTC program of ``source`` with ``name_expressions``, compiled with ``opts`` (no GPU needed); yields
+    (nvrtc, program); CompileError with the log on failure; destroyed on exit."""
     from cupy_backends.cuda.libs import nvrtc
 
-    source = Path(source)
-    opts = _options(source, arch, options) + ("--ptxas-options=-v",)
     prog = nvrtc.createProgram(source.read_text(), source.name, [], [])
     try:
         for expr in name_expressions:
@@ -249,6 +252,53 @@ def compile_offline(
             nvrtc.compileProgram(prog, list(opts))
         except nvrtc.NVRTCError as exc:
             raise CompileError(source, name_expressions, opts, nvrtc.getProgramLog(prog) or str(exc)) from exc
+        yield nvrtc, prog
+    finally:
+        nvrtc.destroyProgram(prog)
+
+
+def instruction_counts(
+    source: Path | str, name_expressions: Sequence[str], arch: str, *, options: Sequence[str] = ()
+) -> dict[str, collections.Counter]:
+    """Compile to PTX for ``arch`` with no GPU; per name expression, how many times each PTX instruction (opcode
+    with its type suffixes, e.g. ``add.s32``, ``wgmma.mma_async.sync.aligned.m64n128k16.f32.bf16.bf16``) appears
+    in the kernel's body. Two builds whose counts match differ at most in order and register names: what a
+    refactor that should not change the generated code is checked with (tools/ptx_diff.py)."""
+    source = Path(source)
+    opts = _options(source, arch, options)
+    with _offline_program(source, name_expressions, opts) as (nvrtc, prog):
+        ptx = nvrtc.getPTX(prog)
+        ptx = ptx.decode() if isinstance(ptx, bytes) else ptx
+        bodies: dict[str, collections.Counter] = {}
+        current = None
+        for raw in ptx.splitlines():
+            line = raw.split("//", 1)[0].strip()
+            if m := _PTX_ENTRY.search(line):
+                current = bodies.setdefault(m.group(1), collections.Counter())
+                continue
+            if current is None or not line.endswith(";") or line.startswith((".", "{", "}")):
+                continue
+            tokens = line.split()
+            if tokens[0].startswith("@"):  # a predicate guard
+                tokens = tokens[1:]
+            if tokens:
+                current[tokens[0].rstrip(";")] += 1
+        result = {}
+        for expr in name_expressions:
+            lowered = nvrtc.getLoweredName(prog, expr)
+            if lowered not in bodies:
+                raise CompileError(source, [expr], opts, f"no PTX entry for {lowered}")
+            result[expr] = bodies[lowered]
+        return result
+
+
+def compile_offline(
+    source: Path | str, name_expressions: Sequence[str], arch: str, *, options: Sequence[str] = ()
+) -> dict[str, Resources]:
+    """Compile for ``arch`` (e.g. ``sm_80``, ``sm_90a``) with no GPU; return ptxas resources per name expression."""
+    source = Path(source)
+    opts = _options(source, arch, options) + ("--ptxas-options=-v",)
+    with _offline_program(source, name_expressions, opts) as (nvrtc, prog):
         log = nvrtc.getProgramLog(prog)
         parsed, perf = _parse_ptxas(log), _performance_warnings(log)
         result = {}
@@ -268,5 +318,3 @@ def compile_offline(
                 performance_warnings=perf.get(lowered, ()),
             )
         return result
-    finally:
-        nvrtc.destroyProgram(prog)

@@ -157,6 +157,22 @@ def test_engine_kernels_compile_for_every_profile(spec):
     assert len(res) == 2 and all(r.spills == 0 for r in res.values())
 
 
+def test_instruction_counts_tell_refactors_from_changes(tmp_path):
+    """PTX instruction counts per kernel: a source rewritten without changing what it computes compiles to the
+    same counts (tools/ptx_diff.py's check), one that computes more does not; counts are per kernel instance."""
+    same = tmp_path / "same.cu"
+    same.write_text(AXPY.read_text().replace("const int j = base + i;", "const int j = i + base;"))
+    more = tmp_path / "more.cu"
+    more.write_text(AXPY.read_text().replace("* to_f(x[j])", "* to_f(x[j]) * a"))
+    exprs = ["axpy<__nv_bfloat16, 4>", "axpy<__half, 8>"]
+    base = compile.instruction_counts(AXPY, exprs, "sm_90a")
+    assert base["axpy<__half, 8>"] != base["axpy<__nv_bfloat16, 4>"]
+    assert all(c["ret"] == 1 and sum(c.values()) > 10 for c in base.values())
+    assert compile.instruction_counts(same, exprs, "sm_90a") == base
+    grown = compile.instruction_counts(more, exprs, "sm_90a")
+    assert all(sum(grown[e].values()) > sum(base[e].values()) for e in exprs)
+
+
 def test_offline_compile_error_carries_log_and_options(tmp_path):
     bad = tmp_path / "bad.cu"
     bad.write_text("template <int N> __global__ void k(float* p) { p[0] = undeclared_name; }\n")
