@@ -363,8 +363,8 @@ class ForwardCall:
             else:
                 self.o_shape, self.lse_shape = (B, Sq, H, D), (B, H, Sq)
                 grid = (-(-Sq // cfg.block_m), H, B)
-                if getattr(cfg, "persistent", False):  # a CTA per SM strides over the tiles (flash_fwd_tma.cu)
-                    grid = (min(grid[0] * H * B, spec.sm_count), 1, 1)
+                if getattr(cfg, "persistent", False):  # CTAs that fit at once stride over the tiles (flash_fwd_tma.cu)
+                    grid = (kern.resident_grid(grid[0] * H * B, cfg.threads, cfg.smem_bytes()), 1, 1)
             ws = launch.Workspace()
             self.ranges = (TileRanges(problem, cfg.block_m, cfg.block_n, ws, ids_contiguous(segment_ids))
                            if problem.mask & MASK_SEGMENTS else None)

@@ -188,9 +188,7 @@ class FwdProblem:
 
     @property
     def mask(self) -> int:
-        windowed = self.causal or (self.window is not None and tuple(self.window) != (-1, -1))
-        return ((MASK_WINDOW if windowed else 0) | (MASK_SEGMENTS if self.segments else 0)
-                | (MASK_VARLEN if self.varlen else 0))
+        return mask_of(causal=self.causal, window=self.window, segments=self.segments, varlen=self.varlen)
 
     def query_tiles(self, rows: int) -> int:
         """Query tiles of ``rows`` rows over the whole batch: for a packed batch an upper bound (each sequence
@@ -298,6 +296,13 @@ def needs_tensor_maps(config) -> bool:
     return getattr(config, "tensor_maps", False)
 
 
+def mask_of(*, causal: bool = False, window=None, segments: bool = False, varlen: bool = False) -> int:
+    """The kernel mask kind (MASK_KINDS) of a call's options: causal or a window that bounds a side, segment ids,
+    a packed batch."""
+    windowed = causal or (window is not None and tuple(window) != (-1, -1))
+    return (MASK_WINDOW if windowed else 0) | (MASK_SEGMENTS if segments else 0) | (MASK_VARLEN if varlen else 0)
+
+
 def kernel_masks(config) -> tuple[int, ...]:
     """The mask kinds ``config`` has a kernel for: a persistent tile none with a packed batch (its CTAs map their
     tiles from the sequences); the 192-row tile none with a causal/window mask on a padded batch (its registers
@@ -372,15 +377,17 @@ def plan_forward(problem: FwdProblem, spec: DeviceSpec) -> tiling.Plan:
     if no_tma and spec.arch == "sm_90a":
         reason += f" (no TMA tile: {no_tma})"
     tma_first = any(needs_tensor_maps(c) and tiling.fits(c, spec) is None for c in candidates)
-    persistent = [c for c in candidates if getattr(c, "persistent", False) and tiling.fits(c, spec) is None]
-    if tma_first and persistent and (problem.head_dim == 128 or problem.mask & MASK_WINDOW):
+    persistent = [c for c in candidates if getattr(c, "persistent", False)]
+    others = [c for c in candidates if c not in persistent]
+    candidates = others + persistent  # last, but where measured faster:
+    if (tma_first and any(tiling.fits(c, spec) is None for c in persistent)
+            and (problem.head_dim == 128 or problem.mask & MASK_WINDOW)):
         # measured on H100 (docs/perf/attention.md v3.2): under a causal mask the persistent tile's rounds pair
         # heavy and light query tiles (1.0-1.4x the one-tile-per-CTA grid); at head dim 128 it is 1.00-1.04x
         # without a mask; at head dim 64 without one it is not faster
-        candidates = persistent + [c for c in candidates if c not in persistent]
+        candidates = persistent + others
         reason = "persistent warp-specialised TMA tile (causal/window mask or head dim 128); " + reason
     elif tma_first and problem.head_dim == 64:
-        candidates = [c for c in candidates if not getattr(c, "persistent", False)] + persistent
         waves = {m: -(-problem.heads * problem.query_tiles(m) // spec.sm_count) for m in (128, 192)}
         longer = 1.5 / _ROWS_192_GAIN  # a 192-row CTA's time over a 128-row one's
         rows = 192 if waves[192] * longer < waves[128] else 128
@@ -389,7 +396,6 @@ def plan_forward(problem: FwdProblem, spec: DeviceSpec) -> tiling.Plan:
         reason = (f"warp-specialised TMA tile of {rows} rows: {waves[128]} waves of 128 rows against {waves[192]} "
                   f"of 192 ({longer:.2f}x as long each); " + reason)
     elif tma_first:
-        candidates = [c for c in candidates if not getattr(c, "persistent", False)] + persistent
         reason = "warp-specialised TMA tile (first on sm_90a, any grid); " + reason
     elif ctas_128 < spec.sm_count:
         candidates = sorted(candidates, key=lambda c: c.block_m != 64)

@@ -32,8 +32,8 @@ def _serves(plan, **kw) -> bool:
     """Whether a plan handed in has a kernel for the mask kind of these options (configs.kernel_masks)."""
     from attention import configs
 
-    mask = (configs.MASK_WINDOW if kw.get("causal") or kw.get("window") is not None else 0) | (
-        configs.MASK_SEGMENTS if kw.get("segment_ids") is not None else 0)
+    mask = configs.mask_of(causal=kw.get("causal", False), window=kw.get("window"),
+                           segments=kw.get("segment_ids") is not None)
     return plan is None or mask in configs.kernel_masks(plan.config)
 
 

@@ -220,7 +220,7 @@ def test_tma_forward(case):
     lq, lk, heads, kv_heads, dim, dtype, opts = case
     lk = lq if lk is None else lk
     q, k, v, _ = _inputs(lq, lk, heads, kv_heads, dim, dtype, seed=zlib.crc32(IDS[CASES.index(case)].encode()) % 991)
-    mask = configs.MASK_VARLEN | (configs.MASK_WINDOW if opts.get("causal") or opts.get("window") is not None else 0)
+    mask = configs.mask_of(causal=opts.get("causal", False), window=opts.get("window"), varlen=True)
     for c in configs.tma_tiles(spec, dim):
         if mask in configs.kernel_masks(c):  # the persistent tiles have no packed-batch kernel
             _check_forward(lq, lk, q, k, v, dtype, plan=tune.explicit(c, spec), **opts)

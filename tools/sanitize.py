@@ -70,15 +70,14 @@ def tma_cases():
     for d, dt, kw in _ATTENTION_SHAPES:
         q, k, v, _, seg = _attention_inputs(d, dt, 400, 700)
         qp, kp = q[0], k[0, :400]
-        window = configs.MASK_WINDOW if kw else 0  # the shapes' options are causal / window ones
         for c in configs.tma_tiles(spec, d):
             plan, masks = tune.explicit(c, spec), configs.kernel_masks(c)
-            if window | configs.MASK_SEGMENTS in masks:
+            if configs.mask_of(**kw, segments=True) in masks:
                 flash_attention(q, k, v, segment_ids=seg, plan=plan, **kw)
-            if window in masks:
+            if configs.mask_of(**kw) in masks:
                 flash_attention(q, k, v, plan=plan, **kw)
             flash_attention(q, k, v, plan=plan)
-            if window | configs.MASK_VARLEN in masks:
+            if configs.mask_of(**kw, varlen=True) in masks:
                 flash_attention_varlen(qp, kp, kp, cu, cu, 299, 299, plan=plan, **kw)
 
 
