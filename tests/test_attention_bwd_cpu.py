@@ -323,3 +323,39 @@ def test_head_chunk_is_about_one_wave():
     assert head_chunk(p(8192, 8), cfg, 132) == 2      # 64
     assert head_chunk(p(65536, 8), cfg, 132) == 1     # 512: never 0
     assert head_chunk(p(1024, 2), cfg, 132) == 2      # 8 tiles: all (2) heads
+
+
+def test_dq_staging_stores_are_conflict_free_and_complete():
+    """The address rule of stage_dq (kernels/flash_bwd_tma.cu), modelled: a warpgroup's 64 x 32 fp32 slice goes into
+    the 128-byte-swizzled box once per element at the element's own place, and each half-warp of a store touches
+    32 distinct banks (the plain rule, every lane on group i at store i, took two passes per half-warp)."""
+    def place(r, col):  # the box layout: 16-byte chunk k of row r at k ^ (r % 8)
+        return r * 128 + ((((col % 32) // 4) ^ (r & 7)) << 4) + (col % 4) * 4
+
+    def stores(gray):
+        for warp in range(4):
+            for i in range(4):
+                for hh in range(2):
+                    lanes = []
+                    for lane in range(32):
+                        g, t = lane >> 2, lane & 3
+                        r = 16 * warp + g
+                        v = ((r & 3) ^ ((r >> 1) & 1)) if gray else 0
+                        jn = i ^ v  # the register group the two conditional swaps bring to slot i
+                        col = 8 * jn + 2 * t
+                        lanes.append([(place(r + 8 * hh, col + e), (r + 8 * hh, col + e)) for e in (0, 1)])
+                    yield lanes
+
+    for gray, passes in ((False, 2), (True, 1)):
+        seen = {}
+        for lanes in stores(gray):
+            for half in (lanes[:16], lanes[16:]):
+                banks = {}
+                for words in half:
+                    for addr, _ in words:
+                        banks.setdefault(addr // 4 % 32, set()).add(addr)
+                assert max(len(a) for a in banks.values()) == passes
+            for words in lanes:
+                for addr, elem in words:
+                    assert seen.setdefault(addr, elem) == elem
+        assert sorted(seen.values()) == [(r, c) for r in range(64) for c in range(32)]

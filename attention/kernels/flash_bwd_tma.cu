@@ -56,22 +56,49 @@ __device__ __forceinline__ void init_ring(const tma::TensorMap& q_map, const tma
     tma::fence_mbar_init();
 }
 
-// A warpgroup's 64 x DQ_N slice of dQ (wgmma accumulator layout: rows r and r + 8, columns 8 jn + 2 t (+1)) into
-// staging boxes of 64 rows x 32 fp32 columns in the dQ map's 128-byte-swizzled box layout (16-byte chunk k of row
-// r at k ^ (r % 8): conflict-free float2 stores); box c holds columns [32 c, +32).
+// A warpgroup's 64 x DQ_N slice of dQ (wgmma accumulator layout: rows r and r + 8, columns 8 jn + 2 t (+1),
+// r % 8 = lane / 4) into staging boxes of 64 rows x 32 fp32 columns in the dQ map's 128-byte-swizzled box layout
+// (16-byte chunk k of row r at k ^ (r % 8)); box c holds columns [32 c, +32). A store's 32 lanes are served as
+// two half-warps of 16: were every lane to store its 8-column group jn at once, the four rows of a half-warp
+// would fill only 4 of the 8 chunks (two passes each). So at store i a lane stores group i ^ v, v = the Gray code
+// of r % 4 (0, 1, 3, 2): the half-warp's rows then cover all 8 chunks, one pass. The registers of group i ^ v are
+// picked by two conditional swaps (bit 0, then bit 1 of v), no local memory.
 template <int DQ_N>
 __device__ __forceinline__ void stage_dq(unsigned boxes, const float (&dq)[DQ_N / 2], int r, int t) {
     constexpr int DQ_BOX = 64 * 32 * 4;
+    const int v = (r & 3) ^ ((r >> 1) & 1);
 #pragma unroll
-    for (int jn = 0; jn < DQ_N / 8; ++jn) {
-        const int col = 8 * jn + 2 * t;
-        const unsigned box = boxes + (col / 32) * DQ_BOX, ch = (col % 32) / 4, in = (col % 4) * 4;
+    for (int c = 0; c < DQ_N / 32; ++c) {
+        float x[4][4];  // [group jn of the box][2 hh + e]
 #pragma unroll
-        for (int hh = 0; hh < 2; ++hh) {
-            const int rr = r + 8 * hh;
-            const unsigned addr = box + rr * 128 + ((ch ^ (rr & 7)) << 4) + in;
-            asm volatile("st.shared.v2.f32 [%0], {%1, %2};\n" ::"r"(addr), "f"(dq[4 * jn + 2 * hh]),
-                         "f"(dq[4 * jn + 2 * hh + 1]));
+        for (int jn = 0; jn < 4; ++jn)
+#pragma unroll
+            for (int e = 0; e < 4; ++e) x[jn][e] = dq[16 * c + 4 * jn + e];
+#pragma unroll
+        for (int bit = 1; bit <= 2; bit <<= 1) {
+            const bool swap = (v & bit) != 0;
+#pragma unroll
+            for (int jn = 0; jn < 4; ++jn) {
+                if (jn & bit) continue;
+#pragma unroll
+                for (int e = 0; e < 4; ++e) {
+                    const float lo = x[jn][e], hi = x[jn | bit][e];
+                    x[jn][e] = swap ? hi : lo;
+                    x[jn | bit][e] = swap ? lo : hi;
+                }
+            }
+        }
+        const unsigned box = boxes + c * DQ_BOX, in = (t & 1) * 8;
+#pragma unroll
+        for (int i = 0; i < 4; ++i) {
+            const unsigned ch = 2 * (i ^ v) + (t >> 1);
+#pragma unroll
+            for (int hh = 0; hh < 2; ++hh) {
+                const int rr = r + 8 * hh;
+                const unsigned addr = box + rr * 128 + ((ch ^ (rr & 7)) << 4) + in;
+                asm volatile("st.shared.v2.f32 [%0], {%1, %2};\n" ::"r"(addr), "f"(x[i][2 * hh]),
+                             "f"(x[i][2 * hh + 1]));
+            }
         }
     }
 }
