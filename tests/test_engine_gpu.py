@@ -94,3 +94,20 @@ def test_held_timing_measures_device_time_not_host_time():
 
     t = timing.benchmark(syncs, budget_ms=100, min_samples=5)
     assert not t.clocks["held"] and t.median_ms < 15.0  # no 20 ms hold timeouts left in the samples
+
+
+@pytest.mark.parametrize("dt", [dtypes.BF16, dtypes.FP16, dtypes.FP32])
+def test_random_large_arrays_drawn_in_pieces(monkeypatch, dt):
+    """Past RANDOM_PIECE elements ``dtypes.random`` draws piece by piece into its output: same shape and dtype,
+    normal with the asked scale, every piece its own draw, and the same seed gives the same array."""
+    import cupy
+
+    monkeypatch.setattr(dtypes, "RANDOM_PIECE", 1000)
+    x = dtypes.random((7, 1100), dt, seed=3, scale=0.5)
+    assert x.shape == (7, 1100) and x.dtype == dt
+    f = dtypes.to_float32(x).ravel()
+    assert abs(float(f.mean())) < 0.02 and abs(float(f.std()) - 0.5) < 0.02
+    pieces = f[:7000].reshape(7, 1000)
+    assert all(not bool(cupy.array_equal(pieces[0], pieces[i])) for i in range(1, 7))
+    assert bool(cupy.array_equal(x, dtypes.random((7, 1100), dt, seed=3, scale=0.5)))
+    assert dtypes.random((10,), dt, seed=3).shape == (10,)  # small arrays: one draw, as before
