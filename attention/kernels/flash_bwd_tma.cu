@@ -94,8 +94,7 @@ __device__ __forceinline__ void stage_dq(unsigned boxes, const float (&dq)[DQ_N 
             const unsigned ch = 2 * (i ^ v) + (t >> 1);
 #pragma unroll
             for (int hh = 0; hh < 2; ++hh) {
-                const int rr = r + 8 * hh;
-                const unsigned addr = box + rr * 128 + ((ch ^ (rr & 7)) << 4) + in;
+                const unsigned addr = box + wgmma::blocked_offset<64>(r + 8 * hh, ch) + in;
                 asm volatile("st.shared.v2.f32 [%0], {%1, %2};\n" ::"r"(addr), "f"(x[i][2 * hh]),
                              "f"(x[i][2 * hh + 1]));
             }
