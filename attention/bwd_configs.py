@@ -182,8 +182,8 @@ class BwdTmaConfig(BwdConfig):
     products of ``BwdWgmmaConfig``'s kernel, and dQ goes through shared memory into the fp32 accumulator by TMA
     reductions. Head dim 256 (``flash_bwd_tma_pair``, ``pair``): two warpgroups share one 64-row KV tile (block_m
     64): one computes S^T and P^T, the other dP^T and dS^T (P^T handed over in fp32 through shared memory), and
-    both dK / dV / dQ on their head-dim halves, with the same TMA ring
-    (refilled by thread 0: no producer warpgroup) and dQ reductions.
+    both dK / dV / dQ on their head-dim halves, with the same TMA ring (a producer warpgroup beside them) and dQ
+    reductions.
     Needs cuda-bindings and q/k/v/dO strides a tensor map can describe (``FwdProblem.tma_layout``).
     Deterministic mode pairs its instance without dQ with flash_bwd.cu's dQ kernel."""
 
@@ -205,9 +205,8 @@ class BwdTmaConfig(BwdConfig):
         if self.block_m not in (64, 128) or (self.head_dim != 64 and self.block_m != 64):
             raise ValueError(f"block_m must be 64 or 128 (64 at head dims 128 and 256: registers), got "
                              f"{self.block_m}")
-        if self.pair:
+        if self.pair:  # two consumer warpgroups on one 64-row KV tile, and the producer warpgroup
             object.__setattr__(self, "block_n", 64)
-            object.__setattr__(self, "warps", 8)  # two warpgroups, no producer warpgroup
         self._check_stages_and_dq((2,) if self.pair else (2, 3))
 
     def dkdv_smem_bytes(self) -> int:

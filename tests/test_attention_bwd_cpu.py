@@ -302,7 +302,7 @@ def test_every_tma_backward_tile_fits_hopper():
             tiles = [c for c in search_space(d) if isinstance(c, BwdTmaConfig)]
             assert tiles and all(tiling.fits(c, spec) is None for c in tiles), [str(c) for c in tiles]
     pair = BwdTmaConfig(head_dim=256, block_m=64, dq_block_n=32)
-    assert (pair.block_n, pair.warps, pair.threads) == (64, 8, 256)
+    assert (pair.block_n, pair.warps, pair.threads) == (64, 12, 384)  # two consumer warpgroups and the producer
     with pytest.raises(ValueError, match="stages"):
         BwdTmaConfig(head_dim=256, block_m=64, stages=3)  # 3 stages of 64 x 256 Q and dO do not fit
     with pytest.raises(ValueError, match="block_m"):

@@ -305,7 +305,7 @@ flash_bwd_tma(const __grid_constant__ tma::TensorMap q_map, const __grid_constan
 }
 
 // Head dim 256 (flash_bwd_tma_pair). Two dK and dV accumulators of 64 x 256 fp32 do not fit one warpgroup, so
-// the two warpgroups of a 256-thread CTA share one 64-row KV tile and split the work twice:
+// two consumer warpgroups of a 384-thread CTA share one 64-row KV tile and split the work twice:
 //   by product for S^T and dP^T: warpgroup 0 computes S^T = K Q^T over the whole 64-row query tile (one m64n64
 //     product), its masks and P^T in fp32, which it hands over through shared memory (in its accumulator layout,
 //     thread by thread); warpgroup 1 computes dP^T = V dO^T and, from the P^T handed over, dS^T, which it stores
@@ -315,9 +315,9 @@ flash_bwd_tma(const __grid_constant__ tma::TensorMap q_map, const __grid_constan
 //   by head-dim halves for dV += P^T dO, dK += dS^T Q (each warpgroup accumulates columns [128 w, +128) of both,
 //     A from registers) and for dQ = dS K (the dS^T tile and K from shared memory, 32-column passes through the
 //     warpgroup's fp32 staging box added into the accumulator by cp.reduce.async.bulk.tensor, as flash_bwd_tma).
-// No producer warpgroup (a consumer at 240 registers would spill): thread 0 loads K and V once and refills each
-// ring stage (Q, dO by tensor maps, lse2 and D by bulk copies) once all eight warps have freed it, STAGES steps
-// ahead of the consumers. The P^T hand-off goes through the two staging boxes: warpgroup 0 writes it once both
+// A third warpgroup, the producer (setmaxnreg 24; the consumers take 240), loads K and V once and refills each ring
+// stage (Q, dO by tensor maps, lse2 and D by bulk copies) once all eight consumer warps have freed it, STAGES steps
+// ahead of them (thread 0 did this between its own products before: -4 % on the kernel at head dim 256). The P^T hand-off goes through the two staging boxes: warpgroup 0 writes it once both
 // warpgroups' last reductions of the previous step have read their box (named barrier 1), warpgroup 1 reads it
 // after barrier 2 and publishes dS^T with barrier 5; a warpgroup stages dQ into its box only after barrier 5.
 // Both warpgroups sync on each barrier (the waiting side waits there anyway; compute-sanitizer's racecheck
@@ -327,7 +327,7 @@ flash_bwd_tma(const __grid_constant__ tma::TensorMap q_map, const __grid_constan
 // fp32 dQ staging boxes (64 rows x 32 columns; together the fp32 P^T hand-off), STAGES x lse2 and D, the
 // barriers kv_bar, full[], empty[].
 template <typename T, int HEAD_DIM, int BLOCK_M, int STAGES, int MASK, bool DQ>
-__global__ void __launch_bounds__(256, 1)
+__global__ void __launch_bounds__(384, 1)
 flash_bwd_tma_pair(const __grid_constant__ tma::TensorMap q_map, const __grid_constant__ tma::TensorMap k_map,
                    const __grid_constant__ tma::TensorMap v_map, const __grid_constant__ tma::TensorMap do_map,
                    const __grid_constant__ tma::TensorMap dq_map, const float* __restrict__ lse2,
@@ -391,7 +391,7 @@ flash_bwd_tma_pair(const __grid_constant__ tma::TensorMap q_map, const __grid_co
     tiles.rot = tiles.n_m > 0 ? nb % tiles.n_m : 0;  // as flash_bwd_tma: CTAs of one head start at other rows
     const int h0 = kvh * kv_group;  // the group's first q head
 
-    // thread 0 fills the ring: step `it` (the jj-th visible one) into stage jj % STAGES once its last use is over
+    // the producer fills the ring: step `it` (the jj-th visible one) into stage jj % STAGES once its last use is over
     auto load_step = [&](int it, int jj) {
         const int s = jj % STAGES;
         const int h = h0 + tiles.head_in_group(it), m0 = tiles.m_block(it) * BLOCK_M;
@@ -406,18 +406,22 @@ flash_bwd_tma_pair(const __grid_constant__ tma::TensorMap q_map, const __grid_co
         tma::load_1d(sL + s * BLOCK_M * 4, lse2 + row, BLOCK_M * 4, full + 8 * s);
         tma::load_1d(sD + s * BLOCK_M * 4, dsum + row, BLOCK_M * 4, full + 8 * s);
     };
-    int it_load = tiles.next_visible(0), j_load = 0;  // thread 0's next step to load
-    if (tid == 0) {
-        tma::mbar_arrive_expect_tx(kv_bar, 2 * KV_BYTES);
+    if (wg == 2) {  // the producer warpgroup: lane 0 of its first warp loads K and V once, then fills the ring
+        ws::regs_dec<24>();
+        if (tid == 256) {
+            tma::mbar_arrive_expect_tx(kv_bar, 2 * KV_BYTES);
 #pragma unroll
-        for (int c = 0; c < BLOCKS; ++c) {
-            tma::load_4d(sK + c * (BLOCK_N * 128), k_map, kv_bar, 64 * c, kv_row0 + n0, kvh, b);
-            tma::load_4d(sV + c * (BLOCK_N * 128), v_map, kv_bar, 64 * c, kv_row0 + n0, kvh, b);
+            for (int c = 0; c < BLOCKS; ++c) {
+                tma::load_4d(sK + c * (BLOCK_N * 128), k_map, kv_bar, 64 * c, kv_row0 + n0, kvh, b);
+                tma::load_4d(sV + c * (BLOCK_N * 128), v_map, kv_bar, 64 * c, kv_row0 + n0, kvh, b);
+            }
+            int jj = 0;
+            for (int it = tiles.next_visible(0); it < tiles.total; it = tiles.next_visible(it + 1), ++jj)
+                load_step(it, jj);
         }
-        for (; j_load < STAGES && it_load < tiles.total; ++j_load, it_load = tiles.next_visible(it_load + 1))
-            load_step(it_load, j_load);
+        return;
     }
-    __syncwarp();  // warp 0 converged again before its wgmma (.aligned) instructions
+    ws::regs_inc<240>();  // the consumers: 2 x 128 x 240 + 128 x 24 = 64,512 of the 65,536 registers
 
     const int wrow = 16 * (warp & 3);  // both warpgroups: kv rows wrow + g, wrow + g + 8 of the tile
     const int kv_row = n0 + wrow + g;
@@ -489,12 +493,6 @@ flash_bwd_tma_pair(const __grid_constant__ tma::TensorMap q_map, const __grid_co
         wgmma::fence_operands(dk_acc);
         __syncwarp();
         if (lane == 0) tma::mbar_arrive(empty + 8 * st);  // Q, dO, lse2, D of this stage are no longer read
-        if (tid == 0 && it_load < tiles.total) {  // refill the stage STAGES steps ahead
-            load_step(it_load, j_load);
-            ++j_load;
-            it_load = tiles.next_visible(it_load + 1);
-        }
-        __syncwarp();
 
         if constexpr (DQ) {
             // dQ columns [HALF wg + DQ_N c, +DQ_N) of the query tile = dS K (A = dS^T, B = K, both MN-major),
