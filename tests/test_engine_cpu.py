@@ -173,6 +173,31 @@ def test_instruction_counts_tell_refactors_from_changes(tmp_path):
     assert all(sum(grown[e].values()) > sum(base[e].values()) for e in exprs)
 
 
+def test_sass_tool_builds_the_engines_cubin_and_maps_offsets(tmp_path):
+    """tools/sass.py: the cubin of one instance as the engine builds it (an ELF, per instance); with nvdisasm there
+    (PATH, $NVDISASM or the nvidia-cuda-nvdisasm wheel) its listing has one instruction per 16-byte offset, the
+    kernel's stores among them, and --at prints the instruction at a sanitizer-style offset."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("sass_tool", Path(__file__).resolve().parents[1] / "tools" / "sass.py")
+    sass = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(sass)
+    a = sass.cubin(AXPY, "axpy<__half, 8>")
+    b = sass.cubin(AXPY, "axpy<__nv_bfloat16, 4>")
+    assert a[:4] == b[:4] == b"\x7fELF" and a != b
+    assert sass.opcode("@!P0 SYNCS.ARRIVE.TRANS64.A1T0 RZ, [UR5], RZ") == "SYNCS"
+    tool = sass.nvdisasm()
+    if tool is None:
+        pytest.skip("no nvdisasm here (pip install nvidia-cuda-nvdisasm): the listing is not checked")
+    listing = sass.disassemble(a, tool)
+    offsets = [off for off, _ in listing]
+    assert offsets == list(range(0, 16 * len(listing), 16)) and len(listing) > 10
+    assert any(sass.opcode(i).startswith("ST") for _, i in listing) and sass.opcode(listing[-1][1]) in ("BRA", "EXIT", "NOP")
+    saved = tmp_path / "k.cubin"
+    saved.write_bytes(a)
+    assert sass.main(["--cubin", str(saved), "--at", "0x0010"]) == 0
+
+
 def test_offline_compile_error_carries_log_and_options(tmp_path):
     bad = tmp_path / "bad.cu"
     bad.write_text("template <int N> __global__ void k(float* p) { p[0] = undeclared_name; }\n")

@@ -1,0 +1,136 @@
+"""The SASS of a kernel instance, compiled the way the engine compiles it (NVRTC, no GPU needed), through NVIDIA's
+``nvdisasm`` (on PATH, in $NVDISASM, or from the ``nvidia-cuda-nvdisasm`` wheel: ``pip install 'cukernels[sass]'``).
+
+    python tools/sass.py attention/kernels/flash_fwd_tma.cu --expr "flash_fwd_tma<__nv_bfloat16,64,128,2,false,0,2>"
+    python tools/sass.py SRC --expr E --at 0x9c30,0x6030        # the instructions at these offsets
+    python tools/sass.py SRC --expr E --count                   # opcode counts only
+    python tools/sass.py SRC --expr E --save-cubin DIR          # on a device: that machine's NVRTC build, to read here
+    python tools/sass.py --cubin DIR/E.cubin --at 0x9c30        # a saved build
+
+Offsets are what compute-sanitizer and ncu report (``kernel+0x9c30``). They belong to the build that ran: a device
+whose NVRTC differs from this machine's compiles other code, so map a device's report through ``--save-cubin`` run
+there and ``--cubin`` here (docs/perf/attention.md, backward v5.2).
+"""
+from __future__ import annotations
+
+import argparse
+import collections
+import ctypes
+import os
+import re
+import shutil
+import subprocess
+import sys
+import sysconfig
+import tempfile
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from cukernels import compile as ccompile  # noqa: E402
+
+_LINE = re.compile(r"/\*([0-9a-f]{4,})\*/\s+(.*?)\s*;")
+
+
+def nvdisasm() -> str | None:
+    """The nvdisasm to use: $NVDISASM, PATH, or the nvidia-cuda-nvdisasm wheel's; None when there is none."""
+    if os.environ.get("NVDISASM"):
+        return os.environ["NVDISASM"]
+    found = shutil.which("nvdisasm")
+    if found:
+        return found
+    for base in {sysconfig.get_paths()["purelib"], sysconfig.get_paths()["platlib"]}:
+        for cand in sorted(Path(base, "nvidia").glob("*/bin/nvdisasm")):
+            return str(cand)
+    return None
+
+
+def _loaded_nvrtc() -> ctypes.CDLL:
+    """The libnvrtc CuPy compiles with (found in this process's mappings once CuPy has loaded it)."""
+    from cupy_backends.cuda.libs import nvrtc
+
+    nvrtc.getVersion()  # loads the library
+    for line in Path("/proc/self/maps").read_text().splitlines():
+        path = line.split()[-1]
+        if "libnvrtc.so" in Path(path).name:
+            return ctypes.CDLL(path)
+    raise RuntimeError("libnvrtc is not mapped in this process (CuPy's NVRTC could not be found)")
+
+
+def cubin(source: Path, expr: str, arch: str = "sm_90a") -> bytes:
+    """The cubin NVRTC builds for one kernel instance with the engine's options (cukernels.compile)."""
+    lib = _loaded_nvrtc()
+    opts = ccompile._options(source, arch, ())
+    with ccompile._offline_program(source, [expr], opts) as (_, prog):
+        n = ctypes.c_size_t(0)
+        if lib.nvrtcGetCUBINSize(ctypes.c_void_p(prog), ctypes.byref(n)) != 0:
+            raise RuntimeError("nvrtcGetCUBINSize failed")
+        buf = ctypes.create_string_buffer(n.value)
+        if lib.nvrtcGetCUBIN(ctypes.c_void_p(prog), buf) != 0:
+            raise RuntimeError("nvrtcGetCUBIN failed")
+        return buf.raw
+
+
+def disassemble(data: bytes, tool: str) -> list[tuple[int, str]]:
+    """(offset, instruction) of every instruction in a single-kernel cubin."""
+    with tempfile.NamedTemporaryFile(suffix=".cubin") as f:
+        f.write(data)
+        f.flush()
+        text = subprocess.run([tool, "-c", f.name], capture_output=True, text=True, check=True).stdout
+    return [(int(m.group(1), 16), m.group(2)) for m in _LINE.finditer(text)]
+
+
+def opcode(instr: str) -> str:
+    """``@!P0 SYNCS.ARRIVE.TRANS64.A1T0 RZ, ...`` -> ``SYNCS``."""
+    words = instr.split()
+    if words and words[0].startswith("@"):
+        words = words[1:]
+    return words[0].split(".")[0] if words else ""
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(prog="python tools/sass.py", description=__doc__.split("\n\n")[0])
+    p.add_argument("source", type=Path, nargs="?", help="the kernel source")
+    p.add_argument("--expr", help="the kernel's name expression")
+    p.add_argument("--arch", default="sm_90a", help="target architecture (default sm_90a)")
+    p.add_argument("--cubin", type=Path, help="disassemble this cubin instead of compiling")
+    p.add_argument("--save-cubin", type=Path, metavar="DIR", help="write the cubin into DIR and stop")
+    p.add_argument("--at", help="comma-separated offsets (hex, as sanitizer reports print them): those instructions")
+    p.add_argument("--count", action="store_true", help="opcode counts instead of the listing")
+    args = p.parse_args(argv)
+    if args.cubin is not None:
+        data = args.cubin.read_bytes()
+    else:
+        if args.source is None or args.expr is None:
+            p.error("give a source and --expr, or --cubin")
+        data = cubin(args.source, args.expr, args.arch)
+        if args.save_cubin is not None:
+            args.save_cubin.mkdir(parents=True, exist_ok=True)
+            out = args.save_cubin / (re.sub(r"[^A-Za-z0-9_.,-]+", "_", args.expr) + ".cubin")
+            out.write_bytes(data)
+            print(out)
+            return 0
+    tool = nvdisasm()
+    if tool is None:
+        print("no nvdisasm: put it on PATH, set NVDISASM, or pip install nvidia-cuda-nvdisasm", file=sys.stderr)
+        return 2
+    listing = disassemble(data, tool)
+    if args.at:
+        wanted = {int(x, 16) for x in args.at.split(",")}
+        for off, instr in listing:
+            if off in wanted:
+                print(f"0x{off:04x}  {instr}")
+        return 0
+    if args.count:
+        counts = collections.Counter(opcode(i) for _, i in listing)
+        print(f"{len(listing)} instructions")
+        for op, n in counts.most_common():
+            print(f"  {op:12s} {n:6d}")
+        return 0
+    for off, instr in listing:
+        print(f"0x{off:04x}  {instr}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
