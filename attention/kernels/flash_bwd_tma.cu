@@ -421,7 +421,9 @@ flash_bwd_tma_pair(const __grid_constant__ tma::TensorMap q_map, const __grid_co
         }
         return;
     }
-    ws::regs_inc<240>();  // the consumers: 2 x 128 x 240 + 128 x 24 = 64,512 of the 65,536 registers
+    // the consumers: 2 x 128 x 240 + 128 x 24 = 64,512 = 384 x 168, the registers the CTA was launched with; an
+    // increase waits for registers the CTA's own warps gave back (a build with the producer at 32 hung here)
+    ws::regs_inc<240>();
 
     const int wrow = 16 * (warp & 3);  // both warpgroups: kv rows wrow + g, wrow + g + 8 of the tile
     const int kv_row = n0 + wrow + g;
