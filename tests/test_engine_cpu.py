@@ -179,7 +179,8 @@ def test_sass_tool_builds_the_engines_cubin_and_maps_offsets(tmp_path):
     kernel's stores among them, and --at prints the instruction at a sanitizer-style offset."""
     import importlib.util
 
-    spec = importlib.util.spec_from_file_location("sass_tool", Path(__file__).resolve().parents[1] / "tools" / "sass.py")
+    tool_path = Path(__file__).resolve().parents[1] / "tools" / "sass.py"
+    spec = importlib.util.spec_from_file_location("sass_tool", tool_path)
     sass = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(sass)
     a = sass.cubin(AXPY, "axpy<__half, 8>")
@@ -192,7 +193,8 @@ def test_sass_tool_builds_the_engines_cubin_and_maps_offsets(tmp_path):
     listing = sass.disassemble(a, tool)
     offsets = [off for off, _ in listing]
     assert offsets == list(range(0, 16 * len(listing), 16)) and len(listing) > 10
-    assert any(sass.opcode(i).startswith("ST") for _, i in listing) and sass.opcode(listing[-1][1]) in ("BRA", "EXIT", "NOP")
+    assert any(sass.opcode(i).startswith("ST") for _, i in listing)
+    assert sass.opcode(listing[-1][1]) in ("BRA", "EXIT", "NOP")
     saved = tmp_path / "k.cubin"
     saved.write_bytes(a)
     assert sass.main(["--cubin", str(saved), "--at", "0x0010"]) == 0

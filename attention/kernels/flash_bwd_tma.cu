@@ -317,9 +317,10 @@ flash_bwd_tma(const __grid_constant__ tma::TensorMap q_map, const __grid_constan
 //     warpgroup's fp32 staging box added into the accumulator by cp.reduce.async.bulk.tensor, as flash_bwd_tma).
 // A third warpgroup, the producer (setmaxnreg 24; the consumers take 240), loads K and V once and refills each ring
 // stage (Q, dO by tensor maps, lse2 and D by bulk copies) once all eight consumer warps have freed it, STAGES steps
-// ahead of them (thread 0 did this between its own products before: -4 % on the kernel at head dim 256). The P^T hand-off goes through the two staging boxes: warpgroup 0 writes it once both
-// warpgroups' last reductions of the previous step have read their box (named barrier 1), warpgroup 1 reads it
-// after barrier 2 and publishes dS^T with barrier 5; a warpgroup stages dQ into its box only after barrier 5.
+// ahead of them (thread 0 did this between its own products before: -4 % on the kernel at head dim 256). The P^T
+// hand-off goes through the two staging boxes: warpgroup 0 writes it once both warpgroups' last reductions of the
+// previous step have read their box (named barrier 1), warpgroup 1 reads it after barrier 2 and publishes dS^T with
+// barrier 5; a warpgroup stages dQ into its box only after barrier 5.
 // Both warpgroups sync on each barrier (the waiting side waits there anyway; compute-sanitizer's racecheck
 // reports a producer's bar.arrive as no ordering).
 //
@@ -361,7 +362,7 @@ flash_bwd_tma_pair(const __grid_constant__ tma::TensorMap q_map, const __grid_co
 
     const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, wg = warp >> 2, tg = tid & 127;
     const int g = lane >> 2, t = lane & 3;
-    if (tid == 0) init_ring<DQ>(q_map, k_map, v_map, do_map, dq_map, kv_bar, full, empty, STAGES, 8);  // all 8 warps
+    if (tid == 0) init_ring<DQ>(q_map, k_map, v_map, do_map, dq_map, kv_bar, full, empty, STAGES, 8);  // consumer warps
     __syncthreads();
 
     int b = blockIdx.z;
