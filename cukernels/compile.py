@@ -292,6 +292,39 @@ def instruction_counts(
         return result
 
 
+def _libnvrtc():
+    """The libnvrtc CuPy compiles with, as a ctypes library (found in this process's mappings once CuPy loaded it)."""
+    import ctypes
+
+    from cupy_backends.cuda.libs import nvrtc
+
+    nvrtc.getVersion()  # loads the library
+    for line in Path("/proc/self/maps").read_text().splitlines():
+        path = line.split()[-1]
+        if "libnvrtc.so" in Path(path).name:
+            return ctypes.CDLL(path)
+    raise RuntimeError("libnvrtc is not mapped in this process (CuPy's NVRTC could not be found)")
+
+
+def cubin(source: Path | str, name_expression: str, arch: str, *, options: Sequence[str] = ()) -> bytes:
+    """The cubin NVRTC builds for one kernel instance with the engine's options (no GPU): the code a device of
+    ``arch`` runs, for disassembly (tools/sass.py). Read with libnvrtc's own nvrtcGetCUBIN: CuPy's getCUBIN
+    returns it one byte short (a C string's length), which nvdisasm refuses."""
+    import ctypes
+
+    source = Path(source)
+    lib = _libnvrtc()
+    opts = _options(source, arch, options)
+    with _offline_program(source, [name_expression], opts) as (_, prog):
+        n = ctypes.c_size_t(0)
+        if lib.nvrtcGetCUBINSize(ctypes.c_void_p(prog), ctypes.byref(n)) != 0:
+            raise RuntimeError("nvrtcGetCUBINSize failed")
+        buf = ctypes.create_string_buffer(n.value)
+        if lib.nvrtcGetCUBIN(ctypes.c_void_p(prog), buf) != 0:
+            raise RuntimeError("nvrtcGetCUBIN failed")
+        return buf.raw
+
+
 def compile_offline(
     source: Path | str, name_expressions: Sequence[str], arch: str, *, options: Sequence[str] = ()
 ) -> dict[str, Resources]:

@@ -174,17 +174,17 @@ def test_instruction_counts_tell_refactors_from_changes(tmp_path):
 
 
 def test_sass_tool_builds_the_engines_cubin_and_maps_offsets(tmp_path):
-    """tools/sass.py: the cubin of one instance as the engine builds it (an ELF, per instance); with nvdisasm there
-    (PATH, $NVDISASM or the nvidia-cuda-nvdisasm wheel) its listing has one instruction per 16-byte offset, the
-    kernel's stores among them, and --at prints the instruction at a sanitizer-style offset."""
+    """compile.cubin: the cubin of one instance as the engine builds it (an ELF, per instance); tools/sass.py: with
+    nvdisasm there (PATH, $NVDISASM or the nvidia-cuda-nvdisasm wheel) its listing has one instruction per 16-byte
+    offset, the kernel's stores among them, and --at prints the instruction at a sanitizer-style offset."""
     import importlib.util
 
     tool_path = Path(__file__).resolve().parents[1] / "tools" / "sass.py"
     spec = importlib.util.spec_from_file_location("sass_tool", tool_path)
     sass = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(sass)
-    a = sass.cubin(AXPY, "axpy<__half, 8>")
-    b = sass.cubin(AXPY, "axpy<__nv_bfloat16, 4>")
+    a = compile.cubin(AXPY, "axpy<__half, 8>", "sm_90a")
+    b = compile.cubin(AXPY, "axpy<__nv_bfloat16, 4>", "sm_90a")
     assert a[:4] == b[:4] == b"\x7fELF" and a != b
     assert sass.opcode("@!P0 SYNCS.ARRIVE.TRANS64.A1T0 RZ, [UR5], RZ") == "SYNCS"
     tool = sass.nvdisasm()

@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import argparse
 import collections
-import ctypes
 import os
 import re
 import shutil
@@ -43,32 +42,6 @@ def nvdisasm() -> str | None:
         for cand in sorted(Path(base, "nvidia").glob("*/bin/nvdisasm")):
             return str(cand)
     return None
-
-
-def _loaded_nvrtc() -> ctypes.CDLL:
-    """The libnvrtc CuPy compiles with (found in this process's mappings once CuPy has loaded it)."""
-    from cupy_backends.cuda.libs import nvrtc
-
-    nvrtc.getVersion()  # loads the library
-    for line in Path("/proc/self/maps").read_text().splitlines():
-        path = line.split()[-1]
-        if "libnvrtc.so" in Path(path).name:
-            return ctypes.CDLL(path)
-    raise RuntimeError("libnvrtc is not mapped in this process (CuPy's NVRTC could not be found)")
-
-
-def cubin(source: Path, expr: str, arch: str = "sm_90a") -> bytes:
-    """The cubin NVRTC builds for one kernel instance with the engine's options (cukernels.compile)."""
-    lib = _loaded_nvrtc()
-    opts = ccompile._options(source, arch, ())
-    with ccompile._offline_program(source, [expr], opts) as (_, prog):
-        n = ctypes.c_size_t(0)
-        if lib.nvrtcGetCUBINSize(ctypes.c_void_p(prog), ctypes.byref(n)) != 0:
-            raise RuntimeError("nvrtcGetCUBINSize failed")
-        buf = ctypes.create_string_buffer(n.value)
-        if lib.nvrtcGetCUBIN(ctypes.c_void_p(prog), buf) != 0:
-            raise RuntimeError("nvrtcGetCUBIN failed")
-        return buf.raw
 
 
 def disassemble(data: bytes, tool: str) -> list[tuple[int, str]]:
@@ -103,7 +76,7 @@ def main(argv=None) -> int:
     else:
         if args.source is None or args.expr is None:
             p.error("give a source and --expr, or --cubin")
-        data = cubin(args.source, args.expr, args.arch)
+        data = ccompile.cubin(args.source, args.expr, args.arch)
         if args.save_cubin is not None:
             args.save_cubin.mkdir(parents=True, exist_ok=True)
             out = args.save_cubin / (re.sub(r"[^A-Za-z0-9_.,-]+", "_", args.expr) + ".cubin")
