@@ -116,7 +116,8 @@ class FwdWgmmaConfig:
 @dataclasses.dataclass(frozen=True, kw_only=True)
 class FwdTmaConfig:
     """One instance of ``flash_fwd_tma`` (kernels/flash_fwd_tma.cu, sm_90a only): warp-specialised, 64 query rows
-    per consumer warpgroup (two, or three at head dim 64: 128 or 192 rows per CTA) and BLOCK_N KV rows per stage
+    per consumer warpgroup (two, or three at head dim 64: 128 or 192 rows per CTA; or one: 64 rows, two CTAs per
+    SM) and BLOCK_N KV rows per stage
     of an mbarrier ring filled by TMA from a producer warpgroup; ``persistent``: a CTA per SM takes the query tiles
     in rounds (not for packed batches: ``kernel_masks``). Shared memory: Q tile + STAGES x (K + V tiles)
     (+ O's staging rows when persistent), 1 KiB to align them to the swizzle atom, and the barriers (Q, full K,
@@ -127,7 +128,8 @@ class FwdTmaConfig:
     block_n: int
     stages: int = 2
     pingpong: bool = True  # the consumers take turns issuing their GEMMs (softmax of one under the other's MMAs)
-    consumers: int = 2  # consumer warpgroups; three (160 registers each) hold head dim 64's accumulators only
+    consumers: int = 2  # consumer warpgroups; three (160 registers each) hold head dim 64's accumulators only;
+    # one: 64-row CTAs, two per SM (no pingpong, not persistent)
     persistent: bool = False  # a CTA per SM over the query tiles (next tile's Q and K/V under this one's end)
 
     source = "flash_fwd_tma.cu"
@@ -149,9 +151,11 @@ class FwdTmaConfig:
             raise ValueError(f"block_n must be 64 or 128, got {self.block_n}")
         if self.stages < 2:
             raise ValueError(f"stages must be >= 2, got {self.stages}")
-        if self.consumers not in (2, 3) or (self.consumers == 3 and self.head_dim != 64):
-            raise ValueError(f"consumers must be 2 (or 3 at head dim 64), got {self.consumers} at head dim "
+        if self.consumers not in (1, 2, 3) or (self.consumers == 3 and self.head_dim != 64):
+            raise ValueError(f"consumers must be 1, 2 (or 3 at head dim 64), got {self.consumers} at head dim "
                              f"{self.head_dim}")
+        if self.consumers == 1 and (self.pingpong or self.persistent):
+            raise ValueError("one consumer warpgroup (two CTAs per SM) takes neither pingpong nor persistent")
 
     def smem_bytes(self) -> int:
         o_staging = self.block_m if self.persistent else 0  # persistent: O's own staging rows (else Q's)
@@ -224,10 +228,12 @@ _CANDIDATES = {
 # also wins on small grids (64 CTAs at head dim 256: 1.8x the mma.sync 64-row tile; head dim 64 with 256 CTAs: equal
 # to the 64-row wgmma tile), so it stays first. Head dim 64: three consumers (192 rows per CTA, 1.5x the rows per
 # K/V stage) run seed004_a 1.17x faster than two (0.595 vs 0.696 ms), where the 128-row tile is better without
-# pingpong (0.644 ms at 2 stages); ``plan_forward`` takes the 192-row tile only where whole waves favour it.
+# pingpong (0.644 ms at 2 stages); ``plan_forward`` takes the 192-row tile only where whole waves favour it. Last,
+# the 64-row tile of one consumer, two CTAs per SM, for small grids without a mask (``_ONE_CONSUMER_WAVES``).
 _TMA_CANDIDATES = {
     64: ((128, 3, 3, True), (128, 2, 2, False), (128, 4, 3, True), (128, 3, 2, False), (128, 4, 2, False),
-         (128, 3, 3, False), (128, 4, 3, False), (128, 2, 2, True), (128, 3, 2, True), (128, 4, 2, True)),
+         (128, 3, 3, False), (128, 4, 3, False), (128, 2, 2, True), (128, 3, 2, True), (128, 4, 2, True),
+         (128, 2, 1, False)),
     128: ((128, 2, 2, True), (128, 3, 2, True), (64, 3, 2, True), (128, 2, 2, False), (128, 3, 2, False),
           (64, 3, 2, False)),
     256: ((64, 2, 2, True), (64, 2, 2, False)),
@@ -237,6 +243,13 @@ _TMA_CANDIDATES = {
 _TMA_PERSISTENT = {64: ((128, 2, 2, False),), 128: ((128, 2, 2, True),), 256: ()}
 # rows per second of a 192-row tile over a 128-row one at head dim 64 (H100, seed004_a, same run)
 _ROWS_192_GAIN = 1.17
+# Head dim 64 without a mask: where the grid has at most this many waves of 128-row tiles and at most this many keys,
+# the one-consumer 64-row tile (two CTAs per SM) is planned. Interleaved rounds on H100 against the 128/192-row plan
+# (docs/perf/attention.md v3.4): B2/B4/B8 x 1024 and B4 x 2048, 8 heads: 1.02-1.09x, B1 x 1024 (one wave) 1.29x;
+# B1 x 4096 x 16 heads and B8 x 2048 (longer CTAs or more waves): 0.99-1.00x; B4 x 4096, B16 x 2048 x 16 heads:
+# 0.94-0.98x.
+_ONE_CONSUMER_WAVES = 4
+_ONE_CONSUMER_KEYS = 2048
 
 _WGMMA_CANDIDATES = {
     64: ((128, 2, 2), (128, 1, 2)),
@@ -272,8 +285,10 @@ def plannable(spec: DeviceSpec, head_dim: int) -> list[FwdConfig]:
     space = search_space(head_dim)
     no_tma = [c for c in space if not needs_tensor_maps(c)]  # without cuda-bindings, or a stride 0
     two_consumers = sorted(space, key=lambda c: getattr(c, "consumers", 2) == 3)  # head dim 64, fewer waves
+    one_consumer = sorted(space, key=lambda c: getattr(c, "consumers", 2) != 1)  # head dim 64, small grids
     persistent = sorted(space, key=lambda c: not getattr(c, "persistent", False))
-    for order in (space, no_tma, sorted(space, key=lambda c: c.block_m != 64), two_consumers, persistent):
+    for order in (space, no_tma, sorted(no_tma, key=lambda c: c.block_m != 64), two_consumers, one_consumer,
+                  persistent):
         fitting = [c for c in order if tiling.fits(c, spec) is None]
         if fitting and fitting[0] not in found:
             found.append(fitting[0])
@@ -391,10 +406,15 @@ def plan_forward(problem: FwdProblem, spec: DeviceSpec) -> tiling.Plan:
         waves = {m: -(-problem.heads * problem.query_tiles(m) // spec.sm_count) for m in (128, 192)}
         longer = 1.5 / _ROWS_192_GAIN  # a 192-row CTA's time over a 128-row one's
         rows = 192 if waves[192] * longer < waves[128] else 128
-        if rows == 128:
-            candidates = sorted(candidates, key=lambda c: getattr(c, "consumers", 2) == 3)
-        reason = (f"warp-specialised TMA tile of {rows} rows: {waves[128]} waves of 128 rows against {waves[192]} "
-                  f"of 192 ({longer:.2f}x as long each); " + reason)
+        if problem.mask == 0 and waves[128] <= _ONE_CONSUMER_WAVES and problem.seq_kv <= _ONE_CONSUMER_KEYS:
+            candidates = sorted(candidates, key=lambda c: getattr(c, "consumers", 2) != 1)
+            reason = (f"warp-specialised TMA tile of 64 rows, two CTAs per SM: {waves[128]} waves of 128 rows, "
+                      f"{problem.seq_kv} keys, no mask; " + reason)
+        else:
+            if rows == 128:
+                candidates = sorted(candidates, key=lambda c: getattr(c, "consumers", 2) == 3)
+            reason = (f"warp-specialised TMA tile of {rows} rows: {waves[128]} waves of 128 rows against "
+                      f"{waves[192]} of 192 ({longer:.2f}x as long each); " + reason)
     elif tma_first:
         reason = "warp-specialised TMA tile (first on sm_90a, any grid); " + reason
     elif ctas_128 < spec.sm_count:

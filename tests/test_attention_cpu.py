@@ -315,6 +315,17 @@ def test_persistent_tile_where_measured_faster(monkeypatch):
     assert configs.MASK_VARLEN not in configs.kernel_masks(persistent)
     with pytest.raises(ValueError, match="no kernel for mask kind"):
         configs.check_servable(persistent, packed)
+    # head dim 64 without a mask: 64-row tiles of one consumer (two CTAs per SM) on small grids of short rows only
+    small = configs.plan_forward(configs.FwdProblem(batch=4, seq_q=1024, seq_kv=1024, heads=8, kv_heads=8,
+                                                    head_dim=64), h100)
+    assert small.config.consumers == 1 and small.config.block_m == 64 and "two CTAs per SM" in small.reason
+    for kw in (dict(batch=16, seq_q=2048, seq_kv=2048), dict(batch=1, seq_q=4096, seq_kv=4096),
+               dict(batch=4, seq_q=1024, seq_kv=1024, causal=True), dict(batch=4, seq_q=1024, seq_kv=1024,
+                                                                          window=(64, 64))):
+        problem = configs.FwdProblem(heads=16, kv_heads=16, head_dim=64, **kw)
+        assert configs.plan_forward(problem, h100).config.consumers != 1, kw
+    with pytest.raises(ValueError, match="neither pingpong nor persistent"):
+        configs.FwdTmaConfig(head_dim=64, block_n=128, consumers=1, pingpong=True)
     rows_192 = next(c for c in configs.tma_tiles(h100, 64) if c.consumers == 3)
     assert configs.MASK_WINDOW not in configs.kernel_masks(rows_192)
     assert configs.MASK_VARLEN | configs.MASK_WINDOW in configs.kernel_masks(rows_192)

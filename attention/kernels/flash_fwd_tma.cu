@@ -12,7 +12,8 @@
 // stored as query rows.
 //
 // Grid: (query tiles, heads, batch) as flash_fwd_wgmma, heaviest (last) query tiles first; BLOCK_M = 64 x
-// CONSUMERS (128 or, at head dim 64, 192: each K/V stage then feeds 1.5x the query rows). PERSISTENT: at most one
+// CONSUMERS (128 or, at head dim 64, 192: each K/V stage then feeds 1.5x the query rows; or 64 with one consumer
+// and no pingpong, two CTAs per SM: one's start and epilogue run under the other's loop). PERSISTENT: at most one
 // CTA per SM, each taking query tiles in rounds (tile_at below); the K/V ring runs on from one tile to the next,
 // the producer loads the next tile's Q once every consumer has released this one's (q_empty, after its last
 // Q K^T), and O is staged in its own rows behind the K/V stages, so the next tile's loads overlap this one's last
@@ -22,8 +23,8 @@
 //     waits until K's slot of stage j % STAGES is free (empty_k: every consumer's Q K^T of the tile that held it
 //     is done) and loads K (full_k), then the same for V (empty_v after every consumer's P V; full_v); each
 //     barrier is told the bytes it must see first. K is freed a GEMM earlier than V, so the next K arrives sooner.
-//   warpgroups 1.., the consumers (setmaxnreg 232 with two, 160 with three: the register file split so that the
-//     producer keeps 32): consumer c owns query rows [64 c, 64 c + 64). Per tile:
+//   warpgroups 1.., the consumers (setmaxnreg 232 with two, 160 with three, 224 with one: the CTA's registers
+//     split so that the producer keeps 32): consumer c owns query rows [64 c, 64 c + 64). Per tile:
 //       S(j+1) = Q K(j+1)^T      issued (wgmma m64n{BLOCK_N}k16, both operands from shared memory)
 //       O += P(j) V(j)           issued (P from registers, V MN-major in shared memory)
 //       wait for S(j+1), release K(j+1); masks and softmax of S(j+1) (new max, exponentials, row sums) while
@@ -44,17 +45,19 @@ using namespace attn;
 
 template <typename T, int HEAD_DIM, int BLOCK_N, int STAGES, bool PINGPONG, int MASK, int CONSUMERS = 2,
           bool PERSISTENT = false>
-__global__ void __launch_bounds__(128 * (CONSUMERS + 1), 1)
+__global__ void __launch_bounds__(128 * (CONSUMERS + 1), CONSUMERS == 1 ? 2 : 1)
 flash_fwd_tma(const __grid_constant__ tma::TensorMap q_map, const __grid_constant__ tma::TensorMap k_map,
               const __grid_constant__ tma::TensorMap v_map, T* __restrict__ o, float* __restrict__ lse,
               const int* __restrict__ q_ids, const int* __restrict__ kv_ids, const int2* __restrict__ q_tile_ids,
               const int2* __restrict__ kv_tile_ids, int seq_q, int seq_kv, int heads, int kv_group,
               int window_left, int window_right, float scale_log2, int batch) {
     constexpr int BLOCK_M = 64 * CONSUMERS;
-    // the consumers' registers: what the producer's 32 leave of the 64 K register file, a multiple of 8, <= 232
-    constexpr int CONSUMER_REGS = CONSUMERS == 2 ? 232 : 160;
-    static_assert(CONSUMERS == 2 || CONSUMERS == 3, "two or three consumer warpgroups");
-    static_assert(128 * 32 + 128 * CONSUMERS * CONSUMER_REGS <= 65536, "register file");
+    // the consumers' registers: what the producer's 32 leave of the CTA's launch allocation (the 64 K register
+    // file, or half of it with one consumer: two CTAs per SM), a multiple of 8, <= 232
+    constexpr int CONSUMER_REGS = CONSUMERS == 1 ? 224 : CONSUMERS == 2 ? 232 : 160;
+    static_assert(CONSUMERS >= 1 && CONSUMERS <= 3, "one to three consumer warpgroups");
+    static_assert(128 * 32 + 128 * CONSUMERS * CONSUMER_REGS <= (CONSUMERS == 1 ? 32768 : 65536), "register file");
+    static_assert(!(PINGPONG && CONSUMERS == 1), "pingpong needs two consumers or more");
     constexpr int CHUNKS = HEAD_DIM / 8;  // 16-byte chunks per row
     constexpr int NT = BLOCK_N / 8;       // 8-column tiles of S
     constexpr int DT = HEAD_DIM / 8;      // 8-column tiles of O
