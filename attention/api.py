@@ -21,7 +21,8 @@ from cukernels import compile as _compile
 from cukernels import device as _device
 from cukernels import dtypes, launch, tiling
 
-from .configs import HEAD_DIMS, MASK_SEGMENTS, FwdProblem, FwdTmaConfig, check_servable, plan_forward
+from .configs import (HEAD_DIMS, MASK_SEGMENTS, FwdProblem, FwdTmaConfig, check_servable, persistent_order,
+                      plan_forward)
 
 KERNELS = Path(__file__).parent / "kernels"
 KERNEL_SOURCE = KERNELS / "flash_fwd.cu"  # holds tile_id_range, the segment-id pre-pass of every kernel
@@ -375,8 +376,11 @@ class ForwardCall:
             # q, k, v, o, lse, q_ids, kv_ids, q_ranges, kv_ranges (ids: the cu_seqlens of a packed batch; the
             # last four unused without segments or packing); the TMA kernel takes q, k, v as tensor maps and no
             # strides (the maps hold them)
+            tail = ()
             if isinstance(cfg, FwdTmaConfig):
                 qkv, strides = tensor_maps(q, k, v, problem, cfg), []
+                by_weight = cfg.persistent and persistent_order(problem, cfg, spec, grid[0])[0]
+                tail = (np.int32(by_weight),)  # the persistent tiles' order (flash_fwd_tma.cu)
             else:
                 qkv = (P(0), P(1), P(2))
                 strides = [np.int64(s) for x in (q, k, v) for s in batch_strides(x, problem.varlen)]
@@ -384,7 +388,7 @@ class ForwardCall:
                 kern, grid, (cfg.threads,),
                 (*qkv, P(3), P(4), P(5), P(6), P(7), P(8), *strides,
                  np.int32(Sq), np.int32(Skv), np.int32(H), np.int32(H // problem.kv_heads),
-                 np.int32(left), np.int32(right), np.float32(scale * math.log2(math.e)), np.int32(B)),
+                 np.int32(left), np.int32(right), np.float32(scale * math.log2(math.e)), np.int32(B), *tail),
                 smem=cfg.smem_bytes(), pdl=isinstance(cfg, FwdTmaConfig))  # flash_fwd_tma waits (pdl.cuh)
         self.new_o = self.frame.allocator(self.o_shape, self.dtype)
         self.new_lse = self.frame.allocator(self.lse_shape, "fp32")

@@ -370,6 +370,48 @@ def _override(problem: FwdProblem, spec: DeviceSpec) -> tiling.Plan | None:
     return tiling.override(narrowed, "attention.fwd", lambda d: FwdConfig(head_dim=problem.head_dim, **d))
 
 
+# A persistent grid's tiles under a causal/window mask go by weight across heads (by_weight) where the K/V of the
+# whole batch fit in this share of L2 (the rounds then read every head's keys at once), else head by head; where the
+# order left has its busiest CTA this much over the mean, the planner takes a one-tile-per-CTA grid instead (the
+# hardware hands out the next tile as a CTA ends). H100 (docs/perf/attention.md v3.5): by weight 1.38-1.75x head by
+# head where that left a CTA 1.5-1.8x the mean (K/V of 17-34 MB), 0.99-1.02x on balanced grids; with 67 MB of K/V
+# by weight lost 13 % on a balanced grid (B16 S2048 H16 d64) and won where head by head was 1.54x off balance, as
+# did one tile per CTA.
+_BY_WEIGHT_L2_SHARE = 0.7
+_PERSISTENT_MAX_IMBALANCE = 1.15
+
+
+def persistent_order(problem: FwdProblem, config, spec: DeviceSpec, grid: int | None = None) -> tuple[bool, float]:
+    """(by_weight, imbalance) of ``config``'s persistent grid over ``problem``: whether flash_fwd_tma numbers its
+    tiles heaviest first across heads (a causal/window mask whose K/V fit ``_BY_WEIGHT_L2_SHARE`` of L2), and the
+    busiest CTA's KV tiles over the mean under that order (rounds of ``grid`` CTAs, every other one reversed, as the
+    kernel's tile_at). ``grid``: the resident grid (default: the SMs times the CTAs per SM, at most the tiles)."""
+    import numpy as np
+
+    bm, bn = config.block_m, config.block_n
+    sq, skv, hb = problem.seq_q, problem.seq_kv, problem.heads * problem.batch
+    n_m = -(-sq // bm)
+    tiles = n_m * hb
+    if grid is None:
+        grid = min(tiles, spec.sm_count * (2 if getattr(config, "consumers", 2) == 1 else 1))
+    windowed = bool(problem.mask & MASK_WINDOW)
+    kv_bytes = problem.batch * problem.kv_heads * skv * problem.head_dim * 2 * 2
+    by_weight = windowed and kv_bytes <= _BY_WEIGHT_L2_SHARE * spec.l2_bytes
+    t = np.arange(tiles, dtype=np.int64)
+    m = n_m - 1 - (t // hb if by_weight else t % n_m)
+    unbounded = sq + skv
+    left, right = problem.window if problem.window is not None else (-1, -1)
+    left, right = (unbounded if left < 0 else left), (0 if problem.causal else unbounded if right < 0 else right)
+    shift = skv - sq
+    first = np.maximum(0, m * bm + shift - left) // bn
+    last = np.minimum(skv - 1, np.minimum((m + 1) * bm, sq) - 1 + shift + right)
+    weight = np.where(last >= first * bn, last // bn - first + 1, 0) if windowed else np.full(tiles, -(-skv // bn))
+    r, c = t // grid, t % grid
+    cta = np.where(r % 2 == 1, grid - 1 - c, c)
+    loads = np.bincount(cta, weights=weight, minlength=grid)
+    return bool(by_weight), float(loads.max() / max(loads.mean(), 1e-9))
+
+
 def plan_forward(problem: FwdProblem, spec: DeviceSpec) -> tiling.Plan:
     """The forward config for ``problem`` on ``spec``: a profile override if there is one, else the first
     candidate that fits, preferring 64-row query tiles when 128-row ones would leave SMs idle."""
@@ -395,7 +437,13 @@ def plan_forward(problem: FwdProblem, spec: DeviceSpec) -> tiling.Plan:
     persistent = [c for c in candidates if getattr(c, "persistent", False)]
     others = [c for c in candidates if c not in persistent]
     candidates = others + persistent  # last, but where measured faster:
-    if (tma_first and any(tiling.fits(c, spec) is None for c in persistent)
+    fitting_persistent = [c for c in persistent if tiling.fits(c, spec) is None]
+    windowed = bool(problem.mask & MASK_WINDOW)
+    balance = persistent_order(problem, fitting_persistent[0], spec)[1] if fitting_persistent and windowed else 1.0
+    if tma_first and balance > _PERSISTENT_MAX_IMBALANCE:
+        reason = (f"one tile per CTA: the persistent grid's busiest CTA would carry {balance:.2f}x the mean "
+                  f"(> {_PERSISTENT_MAX_IMBALANCE}); " + reason)
+    elif (tma_first and fitting_persistent
             and (problem.head_dim == 128 or problem.mask & MASK_WINDOW)):
         # measured on H100 (docs/perf/attention.md v3.2): under a causal mask the persistent tile's rounds pair
         # heavy and light query tiles (1.0-1.4x the one-tile-per-CTA grid); at head dim 128 it is 1.00-1.04x

@@ -326,6 +326,20 @@ def test_persistent_tile_where_measured_faster(monkeypatch):
         assert configs.plan_forward(problem, h100).config.consumers != 1, kw
     with pytest.raises(ValueError, match="neither pingpong nor persistent"):
         configs.FwdTmaConfig(head_dim=64, block_n=128, consumers=1, pingpong=True)
+    # the persistent tiles' order under a causal mask: by weight where the K/V fit L2, head by head else, and one
+    # tile per CTA where head by head would leave a CTA far over the mean (configs.persistent_order)
+    def order(batch, seq, heads, kv_heads, head_dim):
+        problem = configs.FwdProblem(batch=batch, seq_q=seq, seq_kv=seq, heads=heads, kv_heads=kv_heads,
+                                     head_dim=head_dim, causal=True)
+        tile = next(c for c in configs.tma_tiles(h100, head_dim) if c.persistent)
+        return configs.persistent_order(problem, tile, h100), configs.plan_forward(problem, h100)
+
+    (by_weight, balance), plan = order(2, 4096, 8, 8, 128)  # 33.5 MB of K/V
+    assert by_weight and balance < 1.01 and plan.config.persistent
+    (by_weight, balance), plan = order(1, 16384, 8, 8, 128)  # 134 MB: head by head, 1.8x the mean
+    assert not by_weight and balance > 1.7 and not plan.config.persistent and "one tile per CTA" in plan.reason
+    (by_weight, balance), plan = order(16, 2048, 16, 16, 64)  # 67 MB, balanced head by head
+    assert not by_weight and balance < 1.05 and plan.config.persistent
     rows_192 = next(c for c in configs.tma_tiles(h100, 64) if c.consumers == 3)
     assert configs.MASK_WINDOW not in configs.kernel_masks(rows_192)
     assert configs.MASK_VARLEN | configs.MASK_WINDOW in configs.kernel_masks(rows_192)

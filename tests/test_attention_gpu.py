@@ -133,6 +133,36 @@ def test_tma_persistent_rounds(dim):
             assert bool(cupy.array_equal(lse, lse1)), (plan.config, kw)
 
 
+@pytest.mark.parametrize("dim", [64, 128])
+def test_tma_persistent_tile_orders(monkeypatch, dim):
+    """The persistent TMA tile's two tile orders under a causal/window mask (head by head, and by weight across
+    heads: configs.persistent_order decides from the K/V size; forced both ways here), with a ragged last query
+    tile, GQA and several rounds per CTA: bitwise equal to one query tile per CTA."""
+    import dataclasses
+
+    import cupy
+
+    from attention import api, configs, flash_attention
+    from cukernels import device, tune
+
+    plans = [p for p in _tma_plans(dim) if p.config.persistent]
+    assert plans, "no persistent TMA tile fits this GPU"
+    q, k, v = _inputs(2, 1500, 1500, 8, 2, dim, "fp16", seed=dim + 17)
+    real = configs.persistent_order
+    for plan in plans:
+        single = tune.explicit(dataclasses.replace(plan.config, persistent=False), device.current())
+        for kw in ({"causal": True}, {"window": (700, 0)}):
+            o1, lse1 = flash_attention(q, k, v, return_lse=True, plan=single, **kw)
+            for by_weight in (False, True):
+                monkeypatch.setattr(api, "persistent_order", lambda *a, **k: (by_weight, real(*a, **k)[1]))
+                api._FORWARD.clear()  # the call is built anew with the forced order
+                o, lse = flash_attention(q, k, v, return_lse=True, plan=plan, **kw)
+                same = cupy.array_equal(o.view(cupy.uint16), o1.view(cupy.uint16))
+                assert bool(same), (plan.config, kw, by_weight)
+                assert bool(cupy.array_equal(lse, lse1)), (plan.config, kw, by_weight)
+    api._FORWARD.clear()
+
+
 @pytest.mark.parametrize("case", SEGMENT_CASES, ids=[f"seg{c[6]}_s{c[1]}_d{c[4]}_{c[5]}_{len(c[7])}" for c in SEGMENT_CASES])
 def test_segments(case):
     import cupy

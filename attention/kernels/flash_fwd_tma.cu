@@ -50,7 +50,7 @@ flash_fwd_tma(const __grid_constant__ tma::TensorMap q_map, const __grid_constan
               const __grid_constant__ tma::TensorMap v_map, T* __restrict__ o, float* __restrict__ lse,
               const int* __restrict__ q_ids, const int* __restrict__ kv_ids, const int2* __restrict__ q_tile_ids,
               const int2* __restrict__ kv_tile_ids, int seq_q, int seq_kv, int heads, int kv_group,
-              int window_left, int window_right, float scale_log2, int batch) {
+              int window_left, int window_right, float scale_log2, int batch, int by_weight) {
     constexpr int BLOCK_M = 64 * CONSUMERS;
     // the consumers' registers: what the producer's 32 leave of the CTA's launch allocation (the 64 K register
     // file, or half of it with one consumer: two CTAs per SM), a multiple of 8, <= 232
@@ -99,10 +99,12 @@ flash_fwd_tma(const __grid_constant__ tma::TensorMap q_map, const __grid_constan
     pdl::enter();  // set up: from here on the previous kernel's outputs are read and ours written
 
     // ---- the CTA's query tiles. One per CTA: (gridDim.x - 1 - blockIdx.x, blockIdx.y, blockIdx.z), heaviest
-    // (last) query tiles first. PERSISTENT: a grid of at most one CTA per SM over the n_m x heads x batch tiles,
+    // (last) query tiles first. PERSISTENT: a grid of the CTAs that fit at once over the n_m x heads x batch tiles,
     // numbered as that grid's CTAs (query tiles of a head, heaviest first, then heads, then batch: the CTAs at work
-    // at once share few heads' K/V in L2); round r of CTA c takes tile r G + c, every other round in reverse
-    // (r G + G - 1 - c).
+    // at once share few heads' K/V in L2), or with by_weight (a causal/window mask whose K/V all fit in L2: the
+    // host's choice, attention/configs.py persistent_order) heaviest first across heads (query tile n_m - 1 of
+    // every head and batch, then n_m - 2, ...); round r of CTA c takes tile r G + c, every other round in reverse
+    // (r G + G - 1 - c), so by weight the rounds pair heavy and light tiles whatever n_m and G are.
     // Each role works its tiles out after taking its registers (values live across setmaxnreg.dec would have to fit
     // the producer's few).
     struct Tile {
@@ -116,9 +118,15 @@ flash_fwd_tma(const __grid_constant__ tma::TensorMap q_map, const __grid_constan
             const int n_m = (seq_q + BLOCK_M - 1) / BLOCK_M, G = gridDim.x;
             const int t = i * G + ((i & 1) ? G - 1 - (int)blockIdx.x : (int)blockIdx.x);
             if (t >= n_m * heads * batch) return false;
-            tl.m_block = n_m - 1 - t % n_m;
-            tl.head = t / n_m % heads;
-            tl.b = t / n_m / heads;
+            if (by_weight) {
+                tl.m_block = n_m - 1 - t / (heads * batch);
+                tl.head = t % heads;
+                tl.b = t / heads % batch;
+            } else {
+                tl.m_block = n_m - 1 - t % n_m;
+                tl.head = t / n_m % heads;
+                tl.b = t / n_m / heads;
+            }
         } else {
             if (i > 0) return false;
             tl.m_block = gridDim.x - 1 - blockIdx.x;
