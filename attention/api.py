@@ -225,15 +225,6 @@ def tensor_map(problem: FwdProblem, strides, rows: int, heads: int, box_rows: in
     return tma.TensorMap(2, dims, st, (64, box_rows, 1, 1), swizzle=128, index=index)
 
 
-def _window_bounds(problem: FwdProblem) -> tuple[int, int]:
-    """(left, right) in kv positions for the kernel; 'unbounded' becomes a span larger than any sequence."""
-    unbounded = problem.seq_q + problem.seq_kv
-    left, right = problem.window if problem.window is not None else (-1, -1)
-    if problem.causal:
-        right = 0
-    return (unbounded if left < 0 else left), (unbounded if right < 0 else right)
-
-
 # ---------------------------------------------------------------- the call: signature, cached launch
 
 
@@ -370,7 +361,7 @@ class ForwardCall:
             self.ranges = (TileRanges(problem, cfg.block_m, cfg.block_n, ws, ids_contiguous(segment_ids))
                            if problem.mask & MASK_SEGMENTS else None)
             self.ws_bytes = ws.nbytes
-            left, right = _window_bounds(problem)
+            left, right = problem.window_bounds()
             scale = 1.0 / math.sqrt(D) if softmax_scale is None else float(softmax_scale)
             P = launch.Ptr
             # q, k, v, o, lse, q_ids, kv_ids, q_ranges, kv_ranges (ids: the cu_seqlens of a packed batch; the

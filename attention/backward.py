@@ -129,7 +129,7 @@ class BackwardCall:
                 _compile.kernel(KERNEL_SOURCE, pre), ((lse_rows + 7) // 8,), (256,),
                 (P(4), P(0), P(5), P(9), P(10), P(11), *st["o"], *st["do"], np.int32(B), np.int32(Sq),
                  np.int32(seq_pad), np.int32(H), P(12)))]
-            left, right = api._window_bounds(problem)
+            left, right = problem.window_bounds()
             scale = 1.0 / math.sqrt(D) if softmax_scale is None else float(softmax_scale)
             tail = (*st["q"], *st["k"], *st["v"], *st["do"], np.int32(Sq), np.int32(Skv), np.int32(seq_pad),
                     np.int32(H), np.int32(H // KVH), np.int32(left), np.int32(right),

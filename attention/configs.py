@@ -207,6 +207,15 @@ class FwdProblem:
             return self.seq_kv // rows + self.batch
         return self.batch * -(-self.seq_kv // rows)
 
+    def window_bounds(self) -> tuple[int, int]:
+        """(left, right) in kv positions as the kernels take them; 'unbounded' becomes a span larger than any
+        sequence, and causal means right = 0."""
+        unbounded = self.seq_q + self.seq_kv
+        left, right = self.window if self.window is not None else (-1, -1)
+        if self.causal:
+            right = 0
+        return (unbounded if left < 0 else left), (unbounded if right < 0 else right)
+
 
 # Candidates (block_m, block_n, warps, stages) in preference order, per head dim. Registers, not shared memory,
 # bound occupancy (about 8 warps per SM at ~200-255 registers), so the tile with the fewest shared-memory reads
@@ -385,7 +394,7 @@ def persistent_order(problem: FwdProblem, config, spec: DeviceSpec, grid: int | 
     """(by_weight, imbalance) of ``config``'s persistent grid over ``problem``: whether flash_fwd_tma numbers its
     tiles heaviest first across heads (a causal/window mask whose K/V fit ``_BY_WEIGHT_L2_SHARE`` of L2), and the
     busiest CTA's KV tiles over the mean under that order (rounds of ``grid`` CTAs, every other one reversed, as the
-    kernel's tile_at). ``grid``: the resident grid (default: the SMs times the CTAs per SM, at most the tiles)."""
+    kernel's tile_at). ``grid``: the resident grid (default: one CTA per SM, at most the tiles)."""
     import numpy as np
 
     bm, bn = config.block_m, config.block_n
@@ -393,15 +402,13 @@ def persistent_order(problem: FwdProblem, config, spec: DeviceSpec, grid: int | 
     n_m = -(-sq // bm)
     tiles = n_m * hb
     if grid is None:
-        grid = min(tiles, spec.sm_count * (2 if getattr(config, "consumers", 2) == 1 else 1))
+        grid = min(tiles, spec.sm_count)
     windowed = bool(problem.mask & MASK_WINDOW)
     kv_bytes = problem.batch * problem.kv_heads * skv * problem.head_dim * 2 * 2
     by_weight = windowed and kv_bytes <= _BY_WEIGHT_L2_SHARE * spec.l2_bytes
     t = np.arange(tiles, dtype=np.int64)
     m = n_m - 1 - (t // hb if by_weight else t % n_m)
-    unbounded = sq + skv
-    left, right = problem.window if problem.window is not None else (-1, -1)
-    left, right = (unbounded if left < 0 else left), (0 if problem.causal else unbounded if right < 0 else right)
+    left, right = problem.window_bounds()
     shift = skv - sq
     first = np.maximum(0, m * bm + shift - left) // bn
     last = np.minimum(skv - 1, np.minimum((m + 1) * bm, sq) - 1 + shift + right)
@@ -439,7 +446,8 @@ def plan_forward(problem: FwdProblem, spec: DeviceSpec) -> tiling.Plan:
     candidates = others + persistent  # last, but where measured faster:
     fitting_persistent = [c for c in persistent if tiling.fits(c, spec) is None]
     windowed = bool(problem.mask & MASK_WINDOW)
-    balance = persistent_order(problem, fitting_persistent[0], spec)[1] if fitting_persistent and windowed else 1.0
+    balance = (persistent_order(problem, fitting_persistent[0], spec)[1]
+               if tma_first and fitting_persistent and windowed else 1.0)
     if tma_first and balance > _PERSISTENT_MAX_IMBALANCE:
         reason = (f"one tile per CTA: the persistent grid's busiest CTA would carry {balance:.2f}x the mean "
                   f"(> {_PERSISTENT_MAX_IMBALANCE}); " + reason)

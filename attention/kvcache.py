@@ -150,7 +150,7 @@ class DecodeCall:
             dt = dtypes.from_name(problem.dtype)
             fwd = api.FwdProblem(batch=B, seq_q=Sq, seq_kv=problem.max_keys, heads=H, kv_heads=KVH, head_dim=D,
                                  dtype=problem.dtype, causal=bool(causal), window=window, segments=False)
-            left, right = api._window_bounds(fwd)
+            left, right = fwd.window_bounds()
             unbounded = Sq + problem.max_keys
             left, right = min(left, unbounded), min(right, unbounded)
             scale = 1.0 / math.sqrt(D) if softmax_scale is None else float(softmax_scale)
