@@ -21,7 +21,9 @@ from .configs import HEAD_DIMS, MIN_COMPUTE_CAPABILITY
 OP = "attention.decode"
 ROWS_PER_TILE = 16  # one mma.sync row tile of packed (query position, head-in-group) rows
 MAX_SPLITS = 128
-MIN_STAGES_PER_SPLIT = 4  # fewer keys per split and the pipeline's fill and the combine outweigh the parallelism
+# fewer keys per split and the pipeline's fill and the combine outweigh the parallelism; 2 (was 4 before the
+# combine's loads went out together): B1 L1k 8 splits beat 4 by 2-8 % (plan_splits)
+MIN_STAGES_PER_SPLIT = 2
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -139,7 +141,9 @@ def plan_splits(problem: DecodeProblem, config: DecodeConfig, spec: DeviceSpec) 
     """Splits per sequence: the fewest whose grid reaches 95 % of the best wave efficiency over 1..MAX_SPLITS
     (FlashAttention's heuristic) counting one CTA per SM, each split keeping at least MIN_STAGES_PER_SPLIT stages
     of keys. Measured on an H100 (one sequence, 32/8 heads, d128): 12-16 splits of an 8k-32k cache beat 26-32 by
-    5-8 %."""
+    5-8 %. The floor of two stages binds only on short caches: B1 L1k 32/8 and 16/16 d64 take 8 splits of two
+    stages, which beat 4 of four by 2-3 % contiguous and 4-8 % paged (held, 2026-11-25; 4 was the floor while
+    the last split's merge read the partials one row at a time)."""
     # one CTA per SM, contiguous or paged: its ring keeps enough loads in flight (two per SM measured slower)
     slots = spec.sm_count
     base = problem.batch * problem.kv_heads * problem.row_tiles

@@ -108,19 +108,6 @@ flash_decode(const T* __restrict__ q, const T* __restrict__ k, const T* __restri
             first_pid = page_at(split_begin + (tid / WARPS) * KEYS + (tid % WARPS) * 16, capacity);
         if (tid < WARPS) next_pid = page_at(split_begin + STAGES * KEYS + tid * 16, capacity);
     }
-    const int len = min(__ldg(cache_seqlens + b) + seqlen_new, capacity);  // clamped: never past the cache
-    const int shift = len - seq_q;                                         // query i sits at key i + shift
-
-    // keys this CTA reads: its split, clipped to the sequence and to what its rows can see
-    const int first_q = r0 / kv_group, last_q = min(r0 + 15, rows - 1) / kv_group;
-    int k_begin = max(split_begin, first_q + shift - window_left);
-    int k_end = min(min(len, (split + 1) * split_keys), last_q + shift + window_right + 1);
-    k_begin = max(k_begin, 0);
-    // a paged cache is read in groups of 16 keys that start on a multiple of 16, so a group never straddles a
-    // page (pages hold a multiple of 16 keys); the keys moved in below a window's start are masked by lo[]
-    if constexpr (PAGED) k_begin &= ~15;
-    const int n_stages = k_end > k_begin ? (k_end - k_begin + KEYS - 1) / KEYS : 0;
-
     const T* kb = k + kvh * k_sh;
     const T* vb = v + kvh * v_sh;
 
@@ -140,6 +127,22 @@ flash_decode(const T* __restrict__ q, const T* __restrict__ k, const T* __restri
             cp_async16(smem_addr(sQ + swizzled<HEAD_DIM>(r, ch)), from, ok);
         }
     };
+    // the Q tile does not depend on the sequence length: its copies go out before the length is read
+    load_q();
+    cp_async_commit();
+    const int len = min(__ldg(cache_seqlens + b) + seqlen_new, capacity);  // clamped: never past the cache
+    const int shift = len - seq_q;                                         // query i sits at key i + shift
+
+    // keys this CTA reads: its split, clipped to the sequence and to what its rows can see
+    const int first_q = r0 / kv_group, last_q = min(r0 + 15, rows - 1) / kv_group;
+    int k_begin = max(split_begin, first_q + shift - window_left);
+    int k_end = min(min(len, (split + 1) * split_keys), last_q + shift + window_right + 1);
+    k_begin = max(k_begin, 0);
+    // a paged cache is read in groups of 16 keys that start on a multiple of 16, so a group never straddles a
+    // page (pages hold a multiple of 16 keys); the keys moved in below a window's start are masked by lo[]
+    if constexpr (PAGED) k_begin &= ~15;
+    const int n_stages = k_end > k_begin ? (k_end - k_begin + KEYS - 1) / KEYS : 0;
+
     // o's column for the kernel's column c of packed row gr, or -1 where the row keeps nothing (PAIR)
     auto out_col = [&](int gr, int c) {
         if constexpr (PAIR) {
@@ -189,8 +192,6 @@ flash_decode(const T* __restrict__ q, const T* __restrict__ k, const T* __restri
         }
     };
 
-    load_q();
-    cp_async_commit();
     if constexpr (PAGED) {
         // the first STAGES stages' offsets (a window that moved the start reads its groups again), stage
         // STAGES's page id into a register
@@ -356,53 +357,123 @@ flash_decode(const T* __restrict__ q, const T* __restrict__ k, const T* __restri
     if (!s_last) return;
     if (tid == 0) *counter = 0;  // every split has counted: the counter is ready for the next launch
     __threadfence();
-    // weights per (row, split) = exp(lse_s - lse) into shared memory (the ring's space is free again), one warp
-    // per row, lanes over splits; then every (row, 4 columns) sums its splits' O with the loads unrolled
+    // Every L2 round trip here is on the call's critical path (one CTA, after all others), so the loads are
+    // issued together: (1) every (row, split) LSE into shared memory at once; (2) per row (a warp, lanes over
+    // splits) the weights exp(lse_s - lse) from there; (3) each thread's (row, 4 columns) items sum their splits'
+    // O with all items' loads in flight together. Rows past the tile's real rows are not touched.
     const long long all_rows = (long long)gridDim.z * seq_q * heads;
     const int n_splits = gridDim.x;
-    float* sW = reinterpret_cast<float*>(sK);  // [16][n_splits]
-    for (int r = warp; r < 16; r += WARPS) {
-        const int gr = r0 + r;
-        if (gr >= rows) continue;
-        const long long row = ((long long)b * seq_q + gr / kv_group) * heads + kvh * kv_group + gr % kv_group;
+    const int live = min(16, rows - r0);  // the tile's real rows
+    float* sW = reinterpret_cast<float*>(sK);  // [16][n_splits]: LSE, then weights
+    auto global_row = [&](int gr) {
+        return ((long long)b * seq_q + gr / kv_group) * heads + kvh * kv_group + gr % kv_group;
+    };
+    const int pairs = live * n_splits;
+    for (int base = 0; base < pairs; base += 4 * THREADS) {
+        float x[4];
+#pragma unroll
+        for (int u = 0; u < 4; ++u) {
+            const int i = base + u * THREADS + tid;
+            x[u] = i < pairs ? __ldcg(lse_part + (i % n_splits) * all_rows + global_row(r0 + i / n_splits)) : 0.f;
+        }
+#pragma unroll
+        for (int u = 0; u < 4; ++u) {
+            const int i = base + u * THREADS + tid;
+            if (i < pairs) sW[i] = x[u];
+        }
+    }
+    __syncthreads();
+    for (int r = warp; r < live; r += WARPS) {
+        float* w_row = sW + r * n_splits;
         float m = neg_inf();
-        for (int sp = lane; sp < n_splits; sp += 32) m = fmaxf(m, __ldcg(lse_part + sp * all_rows + row));
+        for (int sp = lane; sp < n_splits; sp += 32) m = fmaxf(m, w_row[sp]);
 #pragma unroll
         for (int off = 16; off > 0; off >>= 1) m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, off));
         float l = 0.f;
-        for (int sp = lane; sp < n_splits; sp += 32) {
-            const float ls = __ldcg(lse_part + sp * all_rows + row);
+        for (int sp = lane; sp < n_splits; sp += 32) {  // each lane rewrites only its own entries
+            const float ls = w_row[sp];
             const float f = (m == neg_inf() || ls == neg_inf()) ? 0.f : __expf(ls - m);
-            sW[r * n_splits + sp] = f;
+            w_row[sp] = f;
             l += f;
         }
 #pragma unroll
         for (int off = 16; off > 0; off >>= 1) l += __shfl_xor_sync(0xffffffffu, l, off);
         const float inv = l > 0.f ? 1.f / l : 0.f;
-        for (int sp = lane; sp < n_splits; sp += 32) sW[r * n_splits + sp] *= inv;
+        for (int sp = lane; sp < n_splits; sp += 32) w_row[sp] *= inv;
+        const int gr = r0 + r;
         if (lane == 0)
             lse[((long long)b * heads + kvh * kv_group + gr % kv_group) * seq_q + gr / kv_group] =
                 l > 0.f ? m + logf(l) : neg_inf();
     }
     __syncthreads();
-    for (int i = tid; i < 16 * (HEAD_DIM / 4); i += THREADS) {
-        const int r = i / (HEAD_DIM / 4), c = (i % (HEAD_DIM / 4)) * 4;
-        const int gr = r0 + r;
-        if (gr >= rows) continue;
-        const long long row = ((long long)b * seq_q + gr / kv_group) * heads + kvh * kv_group + gr % kv_group;
-        const int oc = out_col(gr, c);
-        if (oc < 0) continue;
-        const float* src = o_part + row * HEAD_DIM + c;
-        const long long step = all_rows * HEAD_DIM;
-        float acc[4] = {0.f, 0.f, 0.f, 0.f};
-#pragma unroll 4
-        for (int sp = 0; sp < n_splits; ++sp) {
-            const float w = sW[r * n_splits + sp];
-            const float4 x = __ldcg(reinterpret_cast<const float4*>(src + sp * step));
-            acc[0] = fmaf(x.x, w, acc[0]), acc[1] = fmaf(x.y, w, acc[1]);
-            acc[2] = fmaf(x.z, w, acc[2]), acc[3] = fmaf(x.w, w, acc[3]);
+    constexpr int C4 = HEAD_DIM / 4;                           // 4-column items per row
+    constexpr int PER = (16 * C4 + THREADS - 1) / THREADS;     // items per thread with 16 live rows
+    const int items = live * C4;
+    const long long step = all_rows * HEAD_DIM;
+    // item u of this thread: (row, 4 columns) = tid + u * THREADS; -1 where it has none or keeps nothing
+    long long src[PER];
+    int w_at[PER];
+#pragma unroll
+    for (int u = 0; u < PER; ++u) {
+        const int i = tid + u * THREADS;
+        src[u] = -1;
+        w_at[u] = 0;
+        if (i < items) {
+            const int r = i / C4, c = (i % C4) * 4;
+            if (out_col(r0 + r, c) >= 0) src[u] = global_row(r0 + r) * HEAD_DIM + c, w_at[u] = r * n_splits;
         }
-        *reinterpret_cast<uint2*>(o + row * OUT_DIM + oc) = make_uint2(pack2<T>(acc[0], acc[1]), pack2<T>(acc[2], acc[3]));
+    }
+    float acc[PER][4];
+#pragma unroll
+    for (int u = 0; u < PER; ++u) acc[u][0] = acc[u][1] = acc[u][2] = acc[u][3] = 0.f;
+    // few live items (one per thread or less): 8 splits' loads at a time; else 2 splits of every item's. Loads
+    // past the last split are predicated off inside a batch (a remainder loop would issue them one by one).
+    if (items <= THREADS) {
+        if (src[0] >= 0) {
+            for (int s0 = 0; s0 < n_splits; s0 += 8) {
+                float4 x[8];
+                float w[8];
+#pragma unroll
+                for (int e = 0; e < 8; ++e) {
+                    const bool on = s0 + e < n_splits;
+                    x[e] = on ? __ldcg(reinterpret_cast<const float4*>(o_part + src[0] + (s0 + e) * step))
+                              : make_float4(0.f, 0.f, 0.f, 0.f);
+                    w[e] = on ? sW[w_at[0] + s0 + e] : 0.f;
+                }
+#pragma unroll
+                for (int e = 0; e < 8; ++e) {
+                    acc[0][0] = fmaf(x[e].x, w[e], acc[0][0]), acc[0][1] = fmaf(x[e].y, w[e], acc[0][1]);
+                    acc[0][2] = fmaf(x[e].z, w[e], acc[0][2]), acc[0][3] = fmaf(x[e].w, w[e], acc[0][3]);
+                }
+            }
+        }
+    } else {
+        for (int s0 = 0; s0 < n_splits; s0 += 2) {
+            float4 x[PER][2];
+#pragma unroll
+            for (int u = 0; u < PER; ++u)
+#pragma unroll
+                for (int e = 0; e < 2; ++e)
+                    x[u][e] = src[u] >= 0 && s0 + e < n_splits
+                                  ? __ldcg(reinterpret_cast<const float4*>(o_part + src[u] + (s0 + e) * step))
+                                  : make_float4(0.f, 0.f, 0.f, 0.f);
+#pragma unroll
+            for (int u = 0; u < PER; ++u)
+#pragma unroll
+                for (int e = 0; e < 2; ++e) {
+                    const float w = src[u] >= 0 && s0 + e < n_splits ? sW[w_at[u] + s0 + e] : 0.f;
+                    acc[u][0] = fmaf(x[u][e].x, w, acc[u][0]), acc[u][1] = fmaf(x[u][e].y, w, acc[u][1]);
+                    acc[u][2] = fmaf(x[u][e].z, w, acc[u][2]), acc[u][3] = fmaf(x[u][e].w, w, acc[u][3]);
+                }
+        }
+    }
+#pragma unroll
+    for (int u = 0; u < PER; ++u) {
+        if (src[u] < 0) continue;
+        const int i = tid + u * THREADS, r = i / C4, c = (i % C4) * 4;
+        const int oc = out_col(r0 + r, c);
+        *reinterpret_cast<uint2*>(o + global_row(r0 + r) * OUT_DIM + oc) =
+            make_uint2(pack2<T>(acc[u][0], acc[u][1]), pack2<T>(acc[u][2], acc[u][3]));
     }
 }
 
