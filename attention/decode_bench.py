@@ -183,7 +183,8 @@ def plan_rows(cases_: list[bench.Case], spec: device.DeviceSpec, with_compile: b
         row = {"case": case.name, "config": _config_text(dp), "splits": dp.splits,
                "smem / limit B": f"{dp.plan.smem_bytes:,} / {dp.plan.limit:,}"}
         if with_compile:
-            expr = dp.config.name_expression(dtype=dtypes.from_name(case.dtype), paged=False, pair=dp.pair)
+            expr = dp.config.name_expression(dtype=dtypes.from_name(case.dtype), paged=False, pair=dp.pair,
+                                             cluster=dp.cluster)
             res = compile.compile_offline(SOURCE, [expr], spec.arch)[expr]
             row.update({"regs": res.registers, "spill B": res.spills})
         rows.append(row)
@@ -199,7 +200,7 @@ def plan_of(case: bench.Case) -> str | None:
         dp = plan_call(_problem(case), device.current())  # the bench's caches hold their heads adjacent
     except tiling.PlanError as exc:
         return f"no plan: {exc}"
-    return f"{_config_text(dp)}, {dp.splits} splits"
+    return f"{_config_text(dp)}, {dp.splits} splits{' (one cluster)' if dp.cluster > 1 else ''}"
 
 
 def bandwidth_table(results: list[bench.Result], args) -> str:

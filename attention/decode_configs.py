@@ -24,6 +24,15 @@ MAX_SPLITS = 128
 # fewer keys per split and the pipeline's fill and the combine outweigh the parallelism; 2 (was 4 before the
 # combine's loads went out together): B1 L1k 8 splits beat 4 by 2-8 % (plan_splits)
 MIN_STAGES_PER_SPLIT = 2
+# sm_90: split counts whose splits merge through distributed shared memory as one cluster (flash_decode_cluster)
+# instead of partials in global memory and a counter (portable cluster sizes: up to 8), where a split holds at
+# most CLUSTER_MAX_SPLIT_KEYS keys. Measured on an H100 (2026-11-25, held, bf16): the merge's latency is most of
+# a short call (B1 L1k 32/8 q1 12.4 -> 10.7 us, q4 17.1 -> 11.8, d64 11.5 -> 10.4; B8 L1k 32/8 q4 28.6 -> 24.4;
+# B1 L8k d64 25.7 -> 24.6), level at 2-4k keys per split (B1 L8k 32/32, L32k d64), 3 % slower at 8k keys per
+# split (B1 L32k 32/32 189 -> 195 us: a cluster's CTAs are placed within one GPC, so a long streaming split
+# loses to free placement)
+CLUSTER_SPLITS = (2, 4, 8)
+CLUSTER_MAX_SPLIT_KEYS = 4096
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -73,9 +82,10 @@ class DecodeConfig:
         # shared memory (an array behind the ring measured 7-9 % slower at B1 L8k 32/8 q4)
         return self.dynamic_smem_bytes() + 16 * (self.stages + 1) * self.warps
 
-    def name_expression(self, *, dtype, paged: bool, pair: bool = False) -> str:
-        return (f"flash_decode<{dtypes.ctype(dtype)},{self.head_dim},{self.warps},{self.stages},"
-                f"{'true' if paged else 'false'},{'true' if pair else 'false'}>")
+    def name_expression(self, *, dtype, paged: bool, pair: bool = False, cluster: int = 1) -> str:
+        args = (f"{dtypes.ctype(dtype)},{self.head_dim},{self.warps},{self.stages},{'true' if paged else 'false'},"
+                f"{'true' if pair else 'false'}")
+        return f"flash_decode_cluster<{args},{cluster}>" if cluster > 1 else f"flash_decode<{args}>"
 
     def __str__(self) -> str:
         return f"DecodeConfig(d{self.head_dim} w{self.warps} s{self.stages})"
@@ -169,6 +179,7 @@ class DecodePlan:
     splits: int
     split_keys: int
     pair: bool
+    cluster: int = 1  # > 1: the splits of a tile are one thread block cluster (flash_decode_cluster)
 
     @property
     def config(self) -> DecodeConfig:
@@ -187,4 +198,8 @@ def plan_call(problem: DecodeProblem, spec: DeviceSpec, *, heads_adjacent: bool 
     keys = plan.config.keys_per_stage
     split_keys = -(-(-(-kp.max_keys // splits)) // keys) * keys
     splits = min(splits, -(-kp.max_keys // split_keys))
-    return DecodePlan(problem=kp, plan=plan, splits=splits, split_keys=split_keys, pair=pair is not None)
+    clustered = (spec.compute_capability >= (9, 0) and splits in CLUSTER_SPLITS
+                 and split_keys <= CLUSTER_MAX_SPLIT_KEYS)
+    cluster = splits if clustered else 1
+    return DecodePlan(problem=kp, plan=plan, splits=splits, split_keys=split_keys, pair=pair is not None,
+                      cluster=cluster)

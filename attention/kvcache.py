@@ -142,7 +142,9 @@ class DecodeCall:
             dp = plan_call(problem, spec, heads_adjacent=st["k"][2] == 64 and st["v"][2] == 64,
                            num_splits=num_splits)
             kp, cfg, splits, split_keys, self.pair = dp.problem, dp.config, dp.splits, dp.split_keys, dp.pair
-            self.splits, self.config = splits, cfg
+            self.splits, self.config, self.cluster = splits, cfg, dp.cluster
+            # splits merged through global memory (partials and a counter per tile); a cluster merges on chip
+            self.parts = splits > 1 and dp.cluster == 1
             B, Sq, H, D, KVH = problem.batch, problem.seq_q, problem.heads, problem.head_dim, problem.kv_heads
             KD, KKVH = kp.head_dim, kp.kv_heads  # the kernel's head dim and KV heads (a pair is one 128-wide head)
             self.dtype, self.capacity, self.seqlen_new, self.page = problem.dtype, problem.max_keys, seqlen_new, page
@@ -161,7 +163,8 @@ class DecodeCall:
             P = launch.Ptr  # 0 q, 1 k cache, 2 v cache, 3 o, 4 lse, 5 o_part, 6 lse_part, 7 cache_seqlens,
             # 8 block table, 9 k new, 10 v new, 11 split counters
             self.attend = launch.Launcher(
-                _compile.kernel(SOURCE, cfg.name_expression(dtype=dt, paged=problem.paged, pair=self.pair)),
+                _compile.kernel(SOURCE, cfg.name_expression(dtype=dt, paged=problem.paged, pair=self.pair,
+                                                            cluster=dp.cluster)),
                 (splits, KKVH * kp.row_tiles, B), (cfg.threads,),
                 (P(0), P(1), P(2), P(3), P(4), P(5), P(6), P(11), P(7), P(8), *st["q"], *kst["k"], *kst["v"],
                  np.int32(Sq), np.int32(H), np.int32(KKVH), np.int32(H // KKVH), np.int32(max_pages),
@@ -169,10 +172,10 @@ class DecodeCall:
                  np.int32(split_keys), np.float32(scale * math.log2(math.e))),
                 smem=cfg.dynamic_smem_bytes())
             ws = launch.Workspace()  # with splits: their O and LSE, and one counter per (batch, kv head, row tile)
-            self.ws_o = ws.add(4 * splits * B * Sq * H * KD) if splits > 1 else None
-            self.ws_lse = ws.add(4 * splits * B * Sq * H) if splits > 1 else None
+            self.ws_o = ws.add(4 * splits * B * Sq * H * KD) if self.parts else None
+            self.ws_lse = ws.add(4 * splits * B * Sq * H) if self.parts else None
             self.counters_bytes = 4 * B * KKVH * kp.row_tiles
-            self.ws_counters = ws.add(self.counters_bytes) if splits > 1 else None
+            self.ws_counters = ws.add(self.counters_bytes) if self.parts else None
             self.ws_bytes = ws.nbytes
             from cupy.cuda import runtime
 
@@ -200,7 +203,7 @@ class DecodeCall:
         o, ptrs[3] = f.empty(self.o_shape, self.dtype)
         lse, ptrs[4] = f.empty(self.lse_shape, "fp32")
         ws = None
-        if self.splits > 1:
+        if self.parts:
             ws, base = f.workspace(stream, self.ws_bytes)
             ptrs[5], ptrs[6] = base + self.ws_o, base + self.ws_lse
             if self._capturing(stream):  # a graph has its own counters, zeroed by a node of the graph

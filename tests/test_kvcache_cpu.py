@@ -48,6 +48,9 @@ def test_planned_kernels_compile_without_spills(arch):
               for p in (False, True) for t in (np.uint16, np.float16)]
     exprs += [c.name_expression(dtype=np.float16, paged=False) for c in configs]
     exprs += ["kv_append<__nv_bfloat16,true>", "kv_append<__half,false>"]
+    if arch.startswith("sm_9"):  # the cluster merge (sm_90): the largest and smallest clusters, each layout
+        exprs += [c.name_expression(dtype=np.uint16, paged=p, cluster=n) for c in configs for p in (False, True)
+                  for n in (2, 8)]
     for expr, res in compile.compile_offline(SOURCE, exprs, arch).items():
         assert res.spills == 0 and res.stack_bytes == 0, f"{expr} on {arch}: {res}"
 
@@ -119,3 +122,15 @@ def test_plan_call_is_the_one_planning_path():
     dp = plan_call(_problem(batch=1, max_keys=1000), spec, num_splits=128)
     assert dp.split_keys % dp.config.keys_per_stage == 0
     assert (dp.splits - 1) * dp.split_keys < 1000 <= dp.splits * dp.split_keys
+
+
+def test_clusters_merge_short_splits_on_sm90_only():
+    from attention.decode_configs import CLUSTER_MAX_SPLIT_KEYS, CLUSTER_SPLITS, plan_call
+
+    h100, a100 = device.profile("h100_sxm"), device.profile("a100_80gb")
+    dp = plan_call(_problem(batch=1, max_keys=1024), h100)
+    assert dp.splits in CLUSTER_SPLITS and dp.cluster == dp.splits
+    assert plan_call(_problem(batch=1, max_keys=1024), a100).cluster == 1  # no clusters before sm_90
+    assert plan_call(_problem(batch=1, max_keys=1024), h100, num_splits=3).cluster == 1  # not a cluster size
+    long = plan_call(_problem(batch=1, kv_heads=32, max_keys=32768), h100)  # 4 splits of 8k keys
+    assert long.splits in CLUSTER_SPLITS and long.split_keys > CLUSTER_MAX_SPLIT_KEYS and long.cluster == 1

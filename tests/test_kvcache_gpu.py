@@ -104,8 +104,27 @@ def test_splits_give_the_same_answer():
         checks.compare(o, outs[0], tol=checks.Tolerance(atol=8e-3, rtol=1e-2), name="splits").raise_if_failed()
 
 
+@pytest.mark.parametrize("dim,page,seq_q,splits", [(64, None, 1, 8), (128, None, 5, 4), (256, None, 3, 2),
+                                                    (128, 16, 1, 8), (64, 64, 4, 2), (256, 32, 2, 4)])
+def test_splits_merged_in_a_cluster(dim, page, seq_q, splits):
+    """sm_90: 2, 4 or 8 splits of a tile are one thread block cluster that merges its rows through distributed
+    shared memory (flash_decode_cluster): ragged lengths (0, 1, a page boundary), GQA rows over two row tiles
+    (the second partly filled), contiguous and paged, against the reference; other split counts and older GPUs
+    take the global merge."""
+    from attention import kvcache
+    from cukernels import device
+
+    lens = [0, 1, 64, 700]
+    kvcache._CACHE.clear()
+    _check(*_case(4, seq_q, 16, 2, dim, lens, page=page, max_seq=1024, seed=dim + seq_q), "bf16",
+           num_splits=splits, causal=seq_q > 1)
+    clustered = [c.cluster for c in kvcache._CACHE._entries.values()]
+    assert clustered == [splits if device.current().compute_capability >= (9, 0) else 1]
+
+
 @pytest.mark.parametrize("page,splits,dtype,causal,window", [(None, None, "bf16", False, None),
                                                               (None, 3, "fp16", True, None),
+                                                              (None, 4, "bf16", True, None),
                                                               (32, None, "bf16", True, (200, 0)),
                                                               (64, 5, "bf16", False, None)])
 def test_head_dim_64_in_pairs(page, splits, dtype, causal, window):

@@ -207,8 +207,8 @@ def moe_cases():
 
 def decode_cases():
     """Attention over a KV cache: contiguous and paged (shuffled pages), ragged lengths with 0 and a page boundary,
-    appended tokens, GQA rows over two row tiles, several splits (the last split's merge) and one, every head dim,
-    and head dim 64 with its KV heads in pairs."""
+    appended tokens, GQA rows over two row tiles, several splits (the last split's merge; 2 and 4 on sm_90: one
+    cluster's) and one, every head dim, and head dim 64 with its KV heads in pairs."""
     import numpy as np
 
     from attention import flash_attention_with_kvcache
@@ -221,7 +221,7 @@ def decode_cases():
         k, v = (dtypes.random((3, 64, 2, d), t, seed=d + i) for i in (3, 4))
         pk, pv = (dtypes.random((13, 16, 2, d), t, seed=d + i) for i in (5, 6))
         table = cupy.asarray(np.random.default_rng(d).permutation(13)[:12].reshape(3, 4).astype(np.int32))
-        for splits in (1, 3):
+        for splits in (1, 3, 4):  # 4: one cluster on sm_90
             flash_attention_with_kvcache(q, k, v, cache_seqlens=lens, k=kn, v=vn, causal=True, num_splits=splits)
             flash_attention_with_kvcache(q, pk, pv, cache_seqlens=lens, block_table=table, k=kn, v=vn,
                                          num_splits=splits)
@@ -234,7 +234,7 @@ def decode_cases():
     pk, pv = (dtypes.random((batch * 6 + 1, 16, 8, 64), t, seed=i) for i in (10, 11))
     table = cupy.asarray(np.random.default_rng(2).permutation(batch * 6 + 1)[:batch * 6].reshape(batch, 6)
                          .astype(np.int32))
-    for splits in (1, 2):
+    for splits in (1, 2, 3):
         flash_attention_with_kvcache(q, k, v, cache_seqlens=lens, causal=True, num_splits=splits)
         flash_attention_with_kvcache(q, pk, pv, cache_seqlens=lens, block_table=table, num_splits=splits)
 

@@ -17,7 +17,9 @@
 // through shared memory. With one split the result is O and LSE; with several, each split writes its O
 // (normalised, fp32) and LSE to o_part / lse_part, and the last split of a (batch, kv head, row tile) to finish
 // (a counter per tile, which that split sets back to zero for the next launch) merges them by LSE: no second
-// kernel and no memset before the launch.
+// kernel and no memset before the launch. On sm_90, 2, 4 or 8 splits of at most a few thousand keys run as
+// flash_decode_cluster instead: the splits of a tile are one thread block cluster and merge their rows through
+// distributed shared memory (decode_body's CLUSTER), which takes the global round trips off a short call's tail.
 //
 // Paged reads: a stage's keys are copied in groups of 16 that start on a multiple of 16 (pages hold a multiple
 // of 16 keys, so a group lies in one page); lanes 0..WARPS-1 of warp 0 look each group's page up once, a stage
@@ -35,6 +37,7 @@
 // S = Q K^T is its own head's product; O = P V is computed 128 wide and each row keeps its own half. q and o
 // are [batch, seq_q, heads, 64]; the caller passes the K/V strides of the pair (2 x the head stride).
 #include "common.cuh"
+#include "tma.cuh"  // clusters: rank, barrier, distributed shared memory loads
 
 using namespace attn;
 
@@ -57,15 +60,45 @@ __device__ __forceinline__ long long row_offset(int2 at, long long s_b, long lon
     return at.x * s_b + (long long)at.y * s_s;
 }
 
-template <typename T, int HEAD_DIM, int WARPS, int STAGES, bool PAGED, bool PAIR = false>
-__global__ void __launch_bounds__(WARPS * 32, 1)
-flash_decode(const T* __restrict__ q, const T* __restrict__ k, const T* __restrict__ v, T* __restrict__ o,
-             float* __restrict__ lse, float* __restrict__ o_part, float* __restrict__ lse_part,
-             int* __restrict__ counters, const int* __restrict__ cache_seqlens, const int* __restrict__ block_table, long long q_sb,
-             long long q_ss, long long q_sh, long long k_sb, long long k_ss, long long k_sh, long long v_sb,
-             long long v_ss, long long v_sh, int seq_q, int heads, int kv_heads, int kv_group, int max_pages,
-             int page, int num_pages, int capacity, int seqlen_new, int window_left, int window_right, int split_keys,
-             float scale_log2) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ < 900
+#define CLUSTER_OF(n)  // before sm_90 the attribute does not compile, even on a template no one instantiates there
+#else
+#define CLUSTER_OF(n) __cluster_dims__(n, 1, 1)
+#endif
+
+// One 32-bit float at the offset `addr` of the shared memory of cluster CTA `rank` (sm_90).
+__device__ __forceinline__ float ld_cluster_f32(unsigned addr, unsigned rank) {
+    float v;
+    asm volatile(
+        "{\n"
+        ".reg .b32 remote;\n"
+        "mapa.shared::cluster.u32 remote, %1, %2;\n"
+        "ld.shared::cluster.f32 %0, [remote];\n"
+        "}\n"
+        : "=f"(v)
+        : "r"(addr), "r"(rank)
+        : "memory");
+    return v;
+}
+
+#define DECODE_PARAMS                                                                                                \
+    const T *__restrict__ q, const T *__restrict__ k, const T *__restrict__ v, T *__restrict__ o,                    \
+        float *__restrict__ lse, float *__restrict__ o_part, float *__restrict__ lse_part, int *__restrict__ counters, \
+        const int *__restrict__ cache_seqlens, const int *__restrict__ block_table, long long q_sb, long long q_ss,   \
+        long long q_sh, long long k_sb, long long k_ss, long long k_sh, long long v_sb, long long v_ss,              \
+        long long v_sh, int seq_q, int heads, int kv_heads, int kv_group, int max_pages, int page, int num_pages,    \
+        int capacity, int seqlen_new, int window_left, int window_right, int split_keys, float scale_log2
+#define DECODE_ARGS                                                                                                   \
+    q, k, v, o, lse, o_part, lse_part, counters, cache_seqlens, block_table, q_sb, q_ss, q_sh, k_sb, k_ss, k_sh,     \
+        v_sb, v_ss, v_sh, seq_q, heads, kv_heads, kv_group, max_pages, page, num_pages, capacity, seqlen_new,         \
+        window_left, window_right, split_keys, scale_log2
+
+// CLUSTER > 1 (sm_90, flash_decode_cluster): the CLUSTER splits of a (batch, kv head, row tile) are one thread
+// block cluster (grid.x = CLUSTER). Each CTA leaves its rows' normalised O (fp32) and LSE in its own shared memory;
+// after a cluster barrier the CTAs merge the rows by LSE between them, reading the others' shared memory
+// (distributed shared memory), and meet again before exiting: no partials in global memory, no fence, no counter.
+template <typename T, int HEAD_DIM, int WARPS, int STAGES, bool PAGED, bool PAIR, int CLUSTER>
+__device__ __forceinline__ void decode_body(DECODE_PARAMS) {
     constexpr int THREADS = WARPS * 32;
     constexpr int KEYS = WARPS * 16;      // keys per stage
     constexpr int CHUNKS = HEAD_DIM / 8;  // 16-byte chunks per row
@@ -78,6 +111,8 @@ flash_decode(const T* __restrict__ q, const T* __restrict__ k, const T* __restri
     static_assert((KEYS * CHUNKS) % THREADS == 0, "copy split");
     static_assert(WARPS * 16 * (HEAD_DIM + 6) * 4 <= 2 * STAGES * KEYS * ROW_BYTES, "the merge fits the ring");
     static_assert(16 * 128 * 4 <= 2 * STAGES * KEYS * ROW_BYTES, "the split weights (<= 128 splits) fit the ring");
+    static_assert(CLUSTER == 1 || (WARPS * 16 * (HEAD_DIM + 6) + 16 * HEAD_DIM + 16) * 4 <= 2 * STAGES * KEYS * ROW_BYTES,
+                  "the cluster's rows fit the ring beside the merge");
 
     extern __shared__ __align__(128) unsigned char smem_raw[];
     T* sQ = reinterpret_cast<T*>(smem_raw);
@@ -295,6 +330,8 @@ flash_decode(const T* __restrict__ q, const T* __restrict__ k, const T* __restri
     float* sL = sM + WARPS * 16;               // [WARPS][16]
     float* sO = sL + WARPS * 16;               // [WARPS][16][HEAD_DIM + 4]
     constexpr int OS = HEAD_DIM + 4;
+    float* sCO = sO + WARPS * 16 * OS;  // CLUSTER > 1: [16][HEAD_DIM] this CTA's rows, normalised
+    float* sCL = sCO + 16 * HEAD_DIM;    // CLUSTER > 1: [16] their LSE
 #pragma unroll
     for (int h = 0; h < 2; ++h) {
         const float l = quad_sum(row_sum[h]);
@@ -331,7 +368,11 @@ flash_decode(const T* __restrict__ q, const T* __restrict__ k, const T* __restri
         const float inv = l > 0.f ? 1.f / l : 0.f;
         const int qi = gr / kv_group, head = kvh * kv_group + gr % kv_group;
         const float row_lse = l > 0.f ? (m + log2f(l)) * LN2 : neg_inf();
-        if (o_part == nullptr) {
+        if constexpr (CLUSTER > 1) {  // the row stays in this CTA's shared memory for the cluster's merge
+            *reinterpret_cast<float4*>(sCO + r * HEAD_DIM + c) =
+                make_float4(acc[0] * inv, acc[1] * inv, acc[2] * inv, acc[3] * inv);
+            if (c == 0) sCL[r] = row_lse;
+        } else if (o_part == nullptr) {
             const int oc = out_col(gr, c);
             if (oc < 0) continue;
             T* dst = o + (((long long)b * seq_q + qi) * heads + head) * OUT_DIM + oc;
@@ -344,6 +385,47 @@ flash_decode(const T* __restrict__ q, const T* __restrict__ k, const T* __restri
                 make_float4(acc[0] * inv, acc[1] * inv, acc[2] * inv, acc[3] * inv);
             if (c == 0) lse_part[row] = row_lse;
         }
+    }
+    if constexpr (CLUSTER > 1) {
+        // Every CTA of the cluster takes every CLUSTER-th (row, 4 columns) item: the CLUSTER LSEs and partial O
+        // of its row read from the CTAs' shared memory (all loads of an item in flight together), weights
+        // exp(lse_s - lse), the sum written; the LSE by the item of column 0.
+        tma::cluster_sync();  // every CTA's rows are in its shared memory
+        constexpr int C4 = HEAD_DIM / 4;
+        const int live = min(16, rows - r0);
+        const unsigned rank = tma::cluster_rank();
+        const unsigned co_addr = tma::smem_u32(sCO), cl_addr = tma::smem_u32(sCL);
+        for (int i = rank * THREADS + tid; i < live * C4; i += CLUSTER * THREADS) {
+            const int r = i / C4, c = (i % C4) * 4, gr = r0 + r;
+            const int oc = out_col(gr, c);
+            if (oc < 0) continue;
+            float ls[CLUSTER];
+            float4 x[CLUSTER];
+#pragma unroll
+            for (int sp = 0; sp < CLUSTER; ++sp) {
+                ls[sp] = ld_cluster_f32(cl_addr + 4 * r, sp);
+                x[sp] = tma::ld_cluster_f4(co_addr + 4 * (r * HEAD_DIM + c), sp);
+            }
+            float m = neg_inf();
+#pragma unroll
+            for (int sp = 0; sp < CLUSTER; ++sp) m = fmaxf(m, ls[sp]);
+            float l = 0.f, acc[4] = {0.f, 0.f, 0.f, 0.f};
+#pragma unroll
+            for (int sp = 0; sp < CLUSTER; ++sp) {
+                const float f = (m == neg_inf() || ls[sp] == neg_inf()) ? 0.f : __expf(ls[sp] - m);
+                l += f;
+                acc[0] = fmaf(x[sp].x, f, acc[0]), acc[1] = fmaf(x[sp].y, f, acc[1]);
+                acc[2] = fmaf(x[sp].z, f, acc[2]), acc[3] = fmaf(x[sp].w, f, acc[3]);
+            }
+            const float inv = l > 0.f ? 1.f / l : 0.f;
+            const int qi = gr / kv_group, head = kvh * kv_group + gr % kv_group;
+            T* dst = o + (((long long)b * seq_q + qi) * heads + head) * OUT_DIM + oc;
+            *reinterpret_cast<uint2*>(dst) = make_uint2(pack2<T>(acc[0] * inv, acc[1] * inv),
+                                                        pack2<T>(acc[2] * inv, acc[3] * inv));
+            if (oc == 0) lse[((long long)b * heads + head) * seq_q + qi] = l > 0.f ? m + logf(l) : neg_inf();
+        }
+        tma::cluster_sync();  // no CTA leaves while another still reads its shared memory
+        return;
     }
     if (o_part == nullptr) return;
 
@@ -406,75 +488,88 @@ flash_decode(const T* __restrict__ q, const T* __restrict__ k, const T* __restri
                 l > 0.f ? m + logf(l) : neg_inf();
     }
     __syncthreads();
-    constexpr int C4 = HEAD_DIM / 4;                           // 4-column items per row
-    constexpr int PER = (16 * C4 + THREADS - 1) / THREADS;     // items per thread with 16 live rows
+    constexpr int C4 = HEAD_DIM / 4;                        // 4-column items per row
+    constexpr int PER = (16 * C4 + THREADS - 1) / THREADS;  // items per thread with 16 live rows
+    constexpr int ICH = PER < 4 ? PER : 4;                  // items summed per pass (bounded registers)
     const int items = live * C4;
     const long long step = all_rows * HEAD_DIM;
-    // item u of this thread: (row, 4 columns) = tid + u * THREADS; -1 where it has none or keeps nothing
-    long long src[PER];
-    int w_at[PER];
-#pragma unroll
-    for (int u = 0; u < PER; ++u) {
+    // Item tid + u * THREADS of this thread: (row, 4 columns). Its partial O's offset, or -1 where it has none or
+    // the row keeps nothing there (PAIR); loads past the last split are predicated off inside a batch (a
+    // remainder loop would issue them one by one).
+    auto item_src = [&](int u, int& w_at) {
         const int i = tid + u * THREADS;
-        src[u] = -1;
-        w_at[u] = 0;
-        if (i < items) {
-            const int r = i / C4, c = (i % C4) * 4;
-            if (out_col(r0 + r, c) >= 0) src[u] = global_row(r0 + r) * HEAD_DIM + c, w_at[u] = r * n_splits;
-        }
-    }
-    float acc[PER][4];
-#pragma unroll
-    for (int u = 0; u < PER; ++u) acc[u][0] = acc[u][1] = acc[u][2] = acc[u][3] = 0.f;
-    // few live items (one per thread or less): 8 splits' loads at a time; else 2 splits of every item's. Loads
-    // past the last split are predicated off inside a batch (a remainder loop would issue them one by one).
-    if (items <= THREADS) {
-        if (src[0] >= 0) {
+        w_at = 0;
+        if (i >= items) return -1ll;
+        const int r = i / C4, c = (i % C4) * 4;
+        if (out_col(r0 + r, c) < 0) return -1ll;
+        w_at = r * n_splits;
+        return global_row(r0 + r) * HEAD_DIM + c;
+    };
+    auto part = [&](long long src, int sp) {
+        return src >= 0 && sp < n_splits ? __ldcg(reinterpret_cast<const float4*>(o_part + src + sp * step))
+                                         : make_float4(0.f, 0.f, 0.f, 0.f);
+    };
+    auto add = [&](float* acc, float4 x, long long src, int w_at, int sp) {
+        const float w = src >= 0 && sp < n_splits ? sW[w_at + sp] : 0.f;
+        acc[0] = fmaf(x.x, w, acc[0]), acc[1] = fmaf(x.y, w, acc[1]);
+        acc[2] = fmaf(x.z, w, acc[2]), acc[3] = fmaf(x.w, w, acc[3]);
+    };
+    auto store = [&](int u, const float* acc) {
+        const int i = tid + u * THREADS, r = i / C4, c = (i % C4) * 4;
+        *reinterpret_cast<uint2*>(o + global_row(r0 + r) * OUT_DIM + out_col(r0 + r, c)) =
+            make_uint2(pack2<T>(acc[0], acc[1]), pack2<T>(acc[2], acc[3]));
+    };
+    if (items <= THREADS) {  // at most one item per thread: 8 splits' loads at a time
+        int w_at;
+        const long long src = item_src(0, w_at);
+        if (src >= 0) {
+            float acc[4] = {0.f, 0.f, 0.f, 0.f};
             for (int s0 = 0; s0 < n_splits; s0 += 8) {
                 float4 x[8];
-                float w[8];
 #pragma unroll
-                for (int e = 0; e < 8; ++e) {
-                    const bool on = s0 + e < n_splits;
-                    x[e] = on ? __ldcg(reinterpret_cast<const float4*>(o_part + src[0] + (s0 + e) * step))
-                              : make_float4(0.f, 0.f, 0.f, 0.f);
-                    w[e] = on ? sW[w_at[0] + s0 + e] : 0.f;
-                }
+                for (int e = 0; e < 8; ++e) x[e] = part(src, s0 + e);
 #pragma unroll
-                for (int e = 0; e < 8; ++e) {
-                    acc[0][0] = fmaf(x[e].x, w[e], acc[0][0]), acc[0][1] = fmaf(x[e].y, w[e], acc[0][1]);
-                    acc[0][2] = fmaf(x[e].z, w[e], acc[0][2]), acc[0][3] = fmaf(x[e].w, w[e], acc[0][3]);
-                }
+                for (int e = 0; e < 8; ++e) add(acc, x[e], src, w_at, s0 + e);
             }
+            store(0, acc);
         }
-    } else {
-        for (int s0 = 0; s0 < n_splits; s0 += 2) {
-            float4 x[PER][2];
+    } else {  // ICH items per pass, 2 splits of each at a time
 #pragma unroll
-            for (int u = 0; u < PER; ++u)
+        for (int u0 = 0; u0 < PER; u0 += ICH) {
+            long long src[ICH];
+            int w_at[ICH];
+            float acc[ICH][4];
 #pragma unroll
-                for (int e = 0; e < 2; ++e)
-                    x[u][e] = src[u] >= 0 && s0 + e < n_splits
-                                  ? __ldcg(reinterpret_cast<const float4*>(o_part + src[u] + (s0 + e) * step))
-                                  : make_float4(0.f, 0.f, 0.f, 0.f);
+            for (int j = 0; j < ICH; ++j) {
+                src[j] = item_src(u0 + j, w_at[j]);
+                acc[j][0] = acc[j][1] = acc[j][2] = acc[j][3] = 0.f;
+            }
+            for (int s0 = 0; s0 < n_splits; s0 += 2) {
+                float4 x[ICH][2];
 #pragma unroll
-            for (int u = 0; u < PER; ++u)
+                for (int j = 0; j < ICH; ++j)
 #pragma unroll
-                for (int e = 0; e < 2; ++e) {
-                    const float w = src[u] >= 0 && s0 + e < n_splits ? sW[w_at[u] + s0 + e] : 0.f;
-                    acc[u][0] = fmaf(x[u][e].x, w, acc[u][0]), acc[u][1] = fmaf(x[u][e].y, w, acc[u][1]);
-                    acc[u][2] = fmaf(x[u][e].z, w, acc[u][2]), acc[u][3] = fmaf(x[u][e].w, w, acc[u][3]);
-                }
+                    for (int e = 0; e < 2; ++e) x[j][e] = part(src[j], s0 + e);
+#pragma unroll
+                for (int j = 0; j < ICH; ++j)
+#pragma unroll
+                    for (int e = 0; e < 2; ++e) add(acc[j], x[j][e], src[j], w_at[j], s0 + e);
+            }
+#pragma unroll
+            for (int j = 0; j < ICH; ++j)
+                if (src[j] >= 0) store(u0 + j, acc[j]);
         }
     }
-#pragma unroll
-    for (int u = 0; u < PER; ++u) {
-        if (src[u] < 0) continue;
-        const int i = tid + u * THREADS, r = i / C4, c = (i % C4) * 4;
-        const int oc = out_col(r0 + r, c);
-        *reinterpret_cast<uint2*>(o + global_row(r0 + r) * OUT_DIM + oc) =
-            make_uint2(pack2<T>(acc[u][0], acc[u][1]), pack2<T>(acc[u][2], acc[u][3]));
-    }
+}
+
+template <typename T, int HEAD_DIM, int WARPS, int STAGES, bool PAGED, bool PAIR = false>
+__global__ void __launch_bounds__(WARPS * 32, 1) flash_decode(DECODE_PARAMS) {
+    decode_body<T, HEAD_DIM, WARPS, STAGES, PAGED, PAIR, 1>(DECODE_ARGS);
+}
+
+template <typename T, int HEAD_DIM, int WARPS, int STAGES, bool PAGED, bool PAIR, int CLUSTER>
+__global__ void __launch_bounds__(WARPS * 32, 1) CLUSTER_OF(CLUSTER) flash_decode_cluster(DECODE_PARAMS) {
+    decode_body<T, HEAD_DIM, WARPS, STAGES, PAGED, PAIR, CLUSTER>(DECODE_ARGS);
 }
 
 // New tokens into the cache: k_new/v_new [batch, seqlen_new, kv_heads, HEAD_DIM] (any strides, head_dim
