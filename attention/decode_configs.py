@@ -33,6 +33,7 @@ MIN_STAGES_PER_SPLIT = 2
 # loses to free placement)
 CLUSTER_SPLITS = (2, 4, 8)
 CLUSTER_MAX_SPLIT_KEYS = 4096
+SHORT_CACHE_KEYS = 2048  # search_space: head dim >= 128 keeps the 3-stage ring (two CTAs per SM) up to this many keys
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -100,7 +101,8 @@ def search_space(head_dim: int, waves: float = 0.0, paged: bool = False, keys: i
       and 4 stages (one CTA per SM) beat it by 2-3 % (B64 L8k/32k);
     - head dim 128 and up: from two waves up (every SM has work for several CTAs), a 4-stage ring (one CTA per SM)
       beats 3 stages by 0.4-2 % (B64 L32k 32/32 10968 vs 11203 us); under that, 3 stages (two CTAs per SM) win by
-      0-1.5 %;
+      0-1.5 %; so do they on short caches (<= SHORT_CACHE_KEYS keys) at any grid: B64 L1k 32/8 q1 103.9 vs 105.5
+      us (2026-11-25);
     - a paged cache takes the same plan under two waves: its page ids are read once per 16-key group, a stage
       ahead of the copies that use them (flash_decode), so its copies no longer wait on the block table (before
       that change a paged cache needed a second CTA per SM to hide the lookups; now one per SM with the
@@ -115,7 +117,7 @@ def search_space(head_dim: int, waves: float = 0.0, paged: bool = False, keys: i
     elif head_dim == 64:
         first = [(4, 4), (8, 4), (8, 3)] if waves < 1 else [(8, 4), (8, 3)]
     else:
-        first = [(4, 4)] if waves >= 2 and not paged else []
+        first = [(4, 4)] if waves >= 2 and not paged and keys > SHORT_CACHE_KEYS else []
     return [DecodeConfig(head_dim=head_dim, warps=w, stages=s) for w, s in first + [(4, 3), (4, 2), (2, 3), (2, 2)]]
 
 

@@ -67,7 +67,8 @@ def test_search_space_is_valid_and_ordered():
     assert search_space(64, 0.5)[0] == DecodeConfig(head_dim=64, warps=4, stages=4)
     assert search_space(64, 1.0)[0] == DecodeConfig(head_dim=64, warps=8, stages=4)
     assert search_space(128, 1.9)[0] == DecodeConfig(head_dim=128, warps=4, stages=3)
-    assert search_space(128, 2.0)[0] == DecodeConfig(head_dim=128, warps=4, stages=4)
+    assert search_space(128, 2.0, keys=8192)[0] == DecodeConfig(head_dim=128, warps=4, stages=4)
+    assert search_space(128, 2.0, keys=1024)[0] == DecodeConfig(head_dim=128, warps=4, stages=3)  # short cache
     # paged caches plan like contiguous ones under two waves, and keep rings two CTAs can share from two
     assert search_space(64, 0.5, paged=True) == search_space(64, 0.5)
     assert search_space(128, 1.9, paged=True) == search_space(128, 1.9)
@@ -78,6 +79,7 @@ def test_search_space_is_valid_and_ordered():
     assert search_space(64, 0.5, paged=True, keys=1024) == search_space(64, 0.5)
     spec = device.profile("h100_sxm")
     assert plan_decode(_problem(batch=64, kv_heads=32), spec).config.stages == 4
+    assert plan_decode(_problem(batch=64, kv_heads=32, max_keys=1024), spec).config.stages == 3
     assert plan_decode(_problem(batch=64, kv_heads=32, head_dim=256), spec).config.stages == 3  # 4 does not fit
     with pytest.raises(ValueError, match="head_dim"):
         DecodeConfig(head_dim=96)
