@@ -185,6 +185,37 @@ def test_split_counters_reset_across_calls_streams_and_graphs():
         checks.compare(o, ref, tol=tol, name=f"call {i}").raise_if_failed()
 
 
+def test_cluster_merge_back_to_back_and_in_a_graph():
+    """The cluster merge keeps nothing between launches (no counters, no partials): back-to-back calls and a
+    captured graph replayed twice give the reference answer."""
+    import cupy
+
+    from attention import flash_attention_with_kvcache
+    from attention.kvcache import kvcache_reference
+
+    q, kc, vc, lens, table, _, _ = _case(3, 1, 8, 2, 128, [0, 300, 1024], page=16, max_seq=1024, seed=21)
+    ref, _ = kvcache_reference(q, kc, vc, lens, block_table=table)
+    tol = checks.Tolerance(atol=8e-3, rtol=2e-2)
+
+    def call():
+        return flash_attention_with_kvcache(q, kc, vc, cache_seqlens=lens, block_table=table, num_splits=4,
+                                            check_values=False)
+    outs = [call() for _ in range(3)]
+    capture = cupy.cuda.Stream(non_blocking=True)
+    with capture:
+        capture.begin_capture()
+        captured = call()
+        graph = capture.end_capture()
+        for _ in range(2):
+            captured[...] = 0
+            graph.launch()
+            capture.synchronize()
+            checks.compare(captured, ref, tol=tol, name="graph replay").raise_if_failed()
+    cupy.cuda.Device().synchronize()
+    for i, o in enumerate(outs):
+        checks.compare(o, ref, tol=tol, name=f"call {i}").raise_if_failed()
+
+
 def test_window():
     _check(*_case(2, 3, 8, 4, 64, [700, 1500], max_seq=1536, seed=4), "fp16", window=(100, 0), causal=True)
 
