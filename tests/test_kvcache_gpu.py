@@ -149,6 +149,31 @@ def test_head_dim_64_in_pairs(page, splits, dtype, causal, window):
     assert any(c.pair for c in kvcache._CACHE._entries.values())
 
 
+def _replays_in_a_graph(call, ref, tol):
+    """``call`` captured on a stream of its own (CuPy graph), the graph replayed twice into a zeroed output, each
+    replay checked against ``ref``."""
+    import cupy
+
+    capture = cupy.cuda.Stream(non_blocking=True)
+    with capture:
+        capture.begin_capture()
+        captured = call()
+        graph = capture.end_capture()
+        for _ in range(2):
+            captured[...] = 0
+            graph.launch()
+            capture.synchronize()
+            checks.compare(captured, ref, tol=tol, name="graph replay").raise_if_failed()
+
+
+def _all_equal_to(outs, ref, tol):
+    import cupy
+
+    cupy.cuda.Device().synchronize()
+    for i, o in enumerate(outs):
+        checks.compare(o, ref, tol=tol, name=f"call {i}").raise_if_failed()
+
+
 def test_split_counters_reset_across_calls_streams_and_graphs():
     """The last split of a tile sets its counter back to zero (no memset per call): back-to-back calls, a second
     stream and a captured graph replayed twice each give the reference answer."""
@@ -169,27 +194,14 @@ def test_split_counters_reset_across_calls_streams_and_graphs():
     with side:
         outs += [call() for _ in range(2)]
     side.synchronize()
-    capture = cupy.cuda.Stream(non_blocking=True)
-    with capture:
-        capture.begin_capture()
-        captured = call()
-        graph = capture.end_capture()
-        for _ in range(2):
-            captured[...] = 0
-            graph.launch()
-            capture.synchronize()
-            checks.compare(captured, ref, tol=tol, name="graph replay").raise_if_failed()
+    _replays_in_a_graph(call, ref, tol)
     outs.append(call())
-    cupy.cuda.Device().synchronize()
-    for i, o in enumerate(outs):
-        checks.compare(o, ref, tol=tol, name=f"call {i}").raise_if_failed()
+    _all_equal_to(outs, ref, tol)
 
 
 def test_cluster_merge_back_to_back_and_in_a_graph():
     """The cluster merge keeps nothing between launches (no counters, no partials): back-to-back calls and a
     captured graph replayed twice give the reference answer."""
-    import cupy
-
     from attention import flash_attention_with_kvcache
     from attention.kvcache import kvcache_reference
 
@@ -201,19 +213,8 @@ def test_cluster_merge_back_to_back_and_in_a_graph():
         return flash_attention_with_kvcache(q, kc, vc, cache_seqlens=lens, block_table=table, num_splits=4,
                                             check_values=False)
     outs = [call() for _ in range(3)]
-    capture = cupy.cuda.Stream(non_blocking=True)
-    with capture:
-        capture.begin_capture()
-        captured = call()
-        graph = capture.end_capture()
-        for _ in range(2):
-            captured[...] = 0
-            graph.launch()
-            capture.synchronize()
-            checks.compare(captured, ref, tol=tol, name="graph replay").raise_if_failed()
-    cupy.cuda.Device().synchronize()
-    for i, o in enumerate(outs):
-        checks.compare(o, ref, tol=tol, name=f"call {i}").raise_if_failed()
+    _replays_in_a_graph(call, ref, tol)
+    _all_equal_to(outs, ref, tol)
 
 
 def test_window():

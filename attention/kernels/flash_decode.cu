@@ -60,27 +60,6 @@ __device__ __forceinline__ long long row_offset(int2 at, long long s_b, long lon
     return at.x * s_b + (long long)at.y * s_s;
 }
 
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ < 900
-#define CLUSTER_OF(n)  // before sm_90 the attribute does not compile, even on a template no one instantiates there
-#else
-#define CLUSTER_OF(n) __cluster_dims__(n, 1, 1)
-#endif
-
-// One 32-bit float at the offset `addr` of the shared memory of cluster CTA `rank` (sm_90).
-__device__ __forceinline__ float ld_cluster_f32(unsigned addr, unsigned rank) {
-    float v;
-    asm volatile(
-        "{\n"
-        ".reg .b32 remote;\n"
-        "mapa.shared::cluster.u32 remote, %1, %2;\n"
-        "ld.shared::cluster.f32 %0, [remote];\n"
-        "}\n"
-        : "=f"(v)
-        : "r"(addr), "r"(rank)
-        : "memory");
-    return v;
-}
-
 #define DECODE_PARAMS                                                                                                \
     const T *__restrict__ q, const T *__restrict__ k, const T *__restrict__ v, T *__restrict__ o,                    \
         float *__restrict__ lse, float *__restrict__ o_part, float *__restrict__ lse_part, int *__restrict__ counters, \
@@ -403,7 +382,7 @@ __device__ __forceinline__ void decode_body(DECODE_PARAMS) {
             float4 x[CLUSTER];
 #pragma unroll
             for (int sp = 0; sp < CLUSTER; ++sp) {
-                ls[sp] = ld_cluster_f32(cl_addr + 4 * r, sp);
+                ls[sp] = tma::ld_cluster_f32(cl_addr + 4 * r, sp);
                 x[sp] = tma::ld_cluster_f4(co_addr + 4 * (r * HEAD_DIM + c), sp);
             }
             float m = neg_inf();

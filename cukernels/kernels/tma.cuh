@@ -9,6 +9,14 @@
 // for its reads before the buffer is reused.
 #pragma once
 
+// A kernel's compile-time cluster shape along x (`__cluster_dims__`), empty before sm_90: the attribute does not
+// compile there, even on a template no one instantiates.
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ < 900
+#define CLUSTER_OF(n)
+#else
+#define CLUSTER_OF(n) __cluster_dims__(n, 1, 1)
+#endif
+
 namespace tma {
 
 // The 128-byte CUtensorMap, opaque: what cuTensorMapEncodeTiled wrote, passed by value in the parameter space.
@@ -158,6 +166,21 @@ __device__ __forceinline__ void mbar_wait_cluster(unsigned bar, unsigned phase) 
 
 // Orders this thread's earlier memory accesses before its later ones as seen from the whole cluster.
 __device__ __forceinline__ void fence_cluster() { asm volatile("fence.acq_rel.cluster;" ::: "memory"); }
+
+// 4 bytes at the offset `addr` of the shared memory of cluster CTA `rank` (distributed shared memory).
+__device__ __forceinline__ float ld_cluster_f32(unsigned addr, unsigned rank) {
+    float v;
+    asm volatile(
+        "{\n"
+        ".reg .b32 remote;\n"
+        "mapa.shared::cluster.u32 remote, %1, %2;\n"
+        "ld.shared::cluster.f32 %0, [remote];\n"
+        "}\n"
+        : "=f"(v)
+        : "r"(addr), "r"(rank)
+        : "memory");
+    return v;
+}
 
 // 16 bytes at the offset `addr` of the shared memory of cluster CTA `rank` (distributed shared memory).
 __device__ __forceinline__ float4 ld_cluster_f4(unsigned addr, unsigned rank) {

@@ -819,12 +819,6 @@ moe_grouped_gemm_tma(const __grid_constant__ tma::TensorMap a_map, const __grid_
                                                          rope_cols);
 }
 
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ < 900
-#define CLUSTER_OF(n)  // before sm_90 the attribute does not compile, even on a template no one instantiates there
-#else
-#define CLUSTER_OF(n) __cluster_dims__(n, 1, 1)
-#endif
-
 template <typename T, int STAGES, int EPI>
 __global__ void __launch_bounds__(384, 1) CLUSTER_OF(2)
 moe_grouped_gemm_tma_pair(const __grid_constant__ tma::TensorMap a_map, const __grid_constant__ tma::TensorMap b_map,
