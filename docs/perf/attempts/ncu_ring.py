@@ -1,8 +1,8 @@
-"""The decode layer (E64 top-8 T1 by default) a few calls, ring on or off (RING env), for ncu."""
+"""The decode layer (E64 top-8 T1 by default) a few calls, ring on or off (RING env), for ncu. Needs
+docs/perf/attempts/decode_ffn_ring.patch applied."""
 import os
 import cupy
 import importlib
-import moe.layer as L
 gg = importlib.import_module("moe.grouped_gemm")
 from moe.layer import MoELayer
 gg.RING_STAGES = int(os.environ.get("RING", "3"))

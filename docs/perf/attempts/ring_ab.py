@@ -1,5 +1,9 @@
 """A/B of the decode layer's FFN through the shared-memory ring (RING_STAGES 3) against the register path (0):
-do_bench (L2 flushed) of the layer's cached call, variants alternating per round; outputs compared."""
+do_bench (L2 flushed) of the layer's cached call, variants alternating per round; outputs compared.
+
+Needs docs/perf/attempts/decode_ffn_ring.patch applied (RING_STAGES, RING_MIN_ITEM_BYTES). RINGS=0,3,13: variant 10 + n
+runs scratch/gg_probe/grouped_gemm.cu with ring n, the patched kernel whose consumers only wait for each stage and
+release it (the probe of docs/perf/grouped_gemm.md "Tried ... stop 42"; copy moe/kernels/*.cuh beside it)."""
 import json, os
 import cupy, numpy as np
 from triton.testing import do_bench
