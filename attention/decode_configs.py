@@ -21,6 +21,10 @@ from .configs import HEAD_DIMS, MIN_COMPUTE_CAPABILITY
 OP = "attention.decode"
 ROWS_PER_TILE = 16  # one mma.sync row tile of packed (query position, head-in-group) rows
 MAX_SPLITS = 128
+# the cp.async ring: 2..MAX_STAGES stages. 5-8 are valid instances (0 spills) but never planned: on the H100
+# (2026-11-26, held, interleaved) 4 x 5/6/8 and 8 x 5/6 ran within 0.7 % of 4 x 4 at B8 L1k d64, and 4 x 5/6 no
+# faster than 4 x 4 at B64 L128k
+MAX_STAGES = 8
 # fewer keys per split and the pipeline's fill and the combine outweigh the parallelism; 2 (was 4 before the
 # combine's loads went out together): B1 L1k 8 splits beat 4 by 2-8 % (plan_splits)
 MIN_STAGES_PER_SPLIT = 2
@@ -63,8 +67,8 @@ class DecodeConfig:
     def __post_init__(self):
         if self.head_dim not in HEAD_DIMS:
             raise ValueError(f"head_dim must be one of {HEAD_DIMS}, got {self.head_dim}")
-        if self.warps not in (2, 4, 8) or not 2 <= self.stages <= 4:
-            raise ValueError(f"warps must be 2, 4 or 8 and stages 2..4, got {self.warps}, {self.stages}")
+        if self.warps not in (2, 4, 8) or not 2 <= self.stages <= MAX_STAGES:
+            raise ValueError(f"warps must be 2, 4 or 8 and stages 2..{MAX_STAGES}, got {self.warps}, {self.stages}")
 
     @property
     def threads(self) -> int:
@@ -101,8 +105,10 @@ def search_space(head_dim: int, waves: float = 0.0, paged: bool = False, keys: i
       and 4 stages (one CTA per SM) beat it by 2-3 % (B64 L8k/32k);
     - head dim 128 and up: from two waves up (every SM has work for several CTAs), a 4-stage ring (one CTA per SM)
       beats 3 stages by 0.4-2 % (B64 L32k 32/32 10968 vs 11203 us); under that, 3 stages (two CTAs per SM) win by
-      0-1.5 %; so do they on short caches (<= SHORT_CACHE_KEYS keys) at any grid: B64 L1k 32/8 q1 103.9 vs 105.5
-      us (2026-11-25);
+      0-1.5 %; on short caches (<= SHORT_CACHE_KEYS keys) 3 stages beat 4 at any grid (B64 L1k 32/8 q1 103.9 vs
+      105.5 us, 2026-11-25), and from two waves up 8 warps x 3 stages (one CTA per SM, 128 keys per stage) beat 4
+      warps x 3 stages by 0-1.3 % on all six B64 L1k rows (d64 in pairs q1 105.4 -> 104.3 us, 32/8 q4 108.7 ->
+      107.3; 2026-11-26, held, interleaved) while losing 0.5-1.5 % at 8k-32k keys and on one wave (B8 L1k 32/32);
     - a paged cache takes the same plan under two waves: its page ids are read once per 16-key group, a stage
       ahead of the copies that use them (flash_decode), so its copies no longer wait on the block table (before
       that change a paged cache needed a second CTA per SM to hide the lookups; now one per SM with the
@@ -116,8 +122,10 @@ def search_space(head_dim: int, waves: float = 0.0, paged: bool = False, keys: i
         first = [(8, 3)]
     elif head_dim == 64:
         first = [(4, 4), (8, 4), (8, 3)] if waves < 1 else [(8, 4), (8, 3)]
+    elif waves >= 2 and not paged:
+        first = [(4, 4)] if keys > SHORT_CACHE_KEYS else [(8, 3)]
     else:
-        first = [(4, 4)] if waves >= 2 and not paged and keys > SHORT_CACHE_KEYS else []
+        first = []
     return [DecodeConfig(head_dim=head_dim, warps=w, stages=s) for w, s in first + [(4, 3), (4, 2), (2, 3), (2, 2)]]
 
 

@@ -170,7 +170,7 @@ class DecodeCall:
                  np.int32(Sq), np.int32(H), np.int32(KKVH), np.int32(H // KKVH), np.int32(max_pages),
                  np.int32(page), np.int32(num_pages), np.int32(problem.max_keys), np.int32(seqlen_new), np.int32(left), np.int32(right),
                  np.int32(split_keys), np.float32(scale * math.log2(math.e))),
-                smem=cfg.dynamic_smem_bytes())
+                smem=cfg.dynamic_smem_bytes(), pdl=True)
             ws = launch.Workspace()  # with splits: their O and LSE, and one counter per (batch, kv head, row tile)
             self.ws_o = ws.add(4 * splits * B * Sq * H * KD) if self.parts else None
             self.ws_lse = ws.add(4 * splits * B * Sq * H) if self.parts else None

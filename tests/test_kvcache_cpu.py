@@ -68,7 +68,8 @@ def test_search_space_is_valid_and_ordered():
     assert search_space(64, 1.0)[0] == DecodeConfig(head_dim=64, warps=8, stages=4)
     assert search_space(128, 1.9)[0] == DecodeConfig(head_dim=128, warps=4, stages=3)
     assert search_space(128, 2.0, keys=8192)[0] == DecodeConfig(head_dim=128, warps=4, stages=4)
-    assert search_space(128, 2.0, keys=1024)[0] == DecodeConfig(head_dim=128, warps=4, stages=3)  # short cache
+    assert search_space(128, 2.0, keys=1024)[0] == DecodeConfig(head_dim=128, warps=8, stages=3)  # short cache
+    assert search_space(128, 1.9, keys=1024)[0] == DecodeConfig(head_dim=128, warps=4, stages=3)
     # paged caches plan like contiguous ones under two waves, and keep rings two CTAs can share from two
     assert search_space(64, 0.5, paged=True) == search_space(64, 0.5)
     assert search_space(128, 1.9, paged=True) == search_space(128, 1.9)

@@ -38,6 +38,7 @@
 // are [batch, seq_q, heads, 64]; the caller passes the K/V strides of the pair (2 x the head stride).
 #include "common.cuh"
 #include "tma.cuh"  // clusters: rank, barrier, distributed shared memory loads
+#include "pdl.cuh"
 
 using namespace attn;
 
@@ -103,6 +104,9 @@ __device__ __forceinline__ void decode_body(DECODE_PARAMS) {
     const int split = blockIdx.x, kvh = blockIdx.y % kv_heads, row_tile = blockIdx.y / kv_heads, b = blockIdx.z;
     const int rows = seq_q * kv_group;
     const int r0 = row_tile * 16;
+    // launched as a programmatic dependent (sm_90): nothing global is read or written before the grid before it
+    // (kv_append, or the kernel that made q) has finished; the next kernel may be scheduled from here on
+    pdl::enter();
     // Paged: the block-table reads of the first STAGES stages' groups (and stage STAGES's) go out before the
     // sequence length is known, from where the split starts when no window moves it (split_keys is a multiple of
     // 16): the table and the length then cost one trip to memory, not two. Entries past the sequence are read

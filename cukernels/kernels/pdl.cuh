@@ -7,7 +7,8 @@
 // set itself up: shared memory, mbarriers, tensor-map prefetch (kernel parameters), register reallocation.
 // pdl::launch_dependents() lets the next pdl kernel be scheduled once every CTA of this grid has called it (or
 // exited); never before this grid's own wait, so at most two grids overlap. Small kernels and one-wave grids call
-// both at once (enter(): the norms, rotary, MoE routing / dispatch, the skinny, mma.sync and wgmma GEMM tiles);
+// both at once (enter(): the norms, rotary, MoE routing / dispatch, the skinny, mma.sync and wgmma GEMM tiles, the
+// KV-cache decode);
 // the persistent tma GEMM calls it at each CTA's last work item. Both are no-ops when the kernel was
 // launched without the attribute, and compile to nothing before sm_90.
 #pragma once
