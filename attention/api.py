@@ -21,7 +21,7 @@ from cukernels import compile as _compile
 from cukernels import device as _device
 from cukernels import dtypes, launch, tiling
 
-from .configs import (HEAD_DIMS, MASK_SEGMENTS, FwdProblem, FwdTmaConfig, check_servable, persistent_order,
+from .configs import (HEAD_DIMS, MASK_SEGMENTS, FwdProblem, FwdTmaConfig, check_servable, tile_order,
                       plan_forward)
 
 KERNELS = Path(__file__).parent / "kernels"
@@ -370,8 +370,7 @@ class ForwardCall:
             tail = ()
             if isinstance(cfg, FwdTmaConfig):
                 qkv, strides = tensor_maps(q, k, v, problem, cfg), []
-                by_weight = cfg.persistent and persistent_order(problem, cfg, spec, grid[0])[0]
-                tail = (np.int32(by_weight),)  # the persistent tiles' order (flash_fwd_tma.cu)
+                tail = (np.int32(tile_order(problem, cfg, spec, grid[0])),)  # the tiles' order (flash_fwd_tma.cu)
             else:
                 qkv = (P(0), P(1), P(2))
                 strides = [np.int64(s) for x in (q, k, v) for s in batch_strides(x, problem.varlen)]

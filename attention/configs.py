@@ -390,6 +390,24 @@ _BY_WEIGHT_L2_SHARE = 0.7
 _PERSISTENT_MAX_IMBALANCE = 1.15
 
 
+def _kv_fits_l2(problem: FwdProblem, spec: DeviceSpec) -> bool:
+    """The batch's K and V fit ``_BY_WEIGHT_L2_SHARE`` of L2 (a grid may then read every head's keys at once)."""
+    kv_bytes = problem.batch * problem.kv_heads * problem.seq_kv * problem.head_dim * 2 * 2
+    return kv_bytes <= _BY_WEIGHT_L2_SHARE * spec.l2_bytes
+
+
+def tile_order(problem: FwdProblem, config, spec: DeviceSpec, grid: int) -> bool:
+    """flash_fwd_tma's ``by_weight``: a persistent grid's order (``persistent_order``); a grid of one tile per CTA
+    under a causal mask whose K/V fit L2 numbers its tiles heaviest first across heads (the hardware launches CTAs
+    in that order, so the longest tiles start first: 1.03-1.31x head by head on H100, 2026-11-26), else head by
+    head (the CTAs launched together share few heads' K/V: without a mask, by weight ran the small grids 3-6 %
+    slower; with 67 MB of K/V 0.59x). Not measured under other windows (head by head there). Never for a packed
+    batch (its CTAs map their tiles from the sequences)."""
+    if config.persistent:
+        return persistent_order(problem, config, spec, grid)[0]
+    return problem.causal and not problem.mask & MASK_VARLEN and _kv_fits_l2(problem, spec)
+
+
 def persistent_order(problem: FwdProblem, config, spec: DeviceSpec, grid: int | None = None) -> tuple[bool, float]:
     """(by_weight, imbalance) of ``config``'s persistent grid over ``problem``: whether flash_fwd_tma numbers its
     tiles heaviest first across heads (a causal/window mask whose K/V fit ``_BY_WEIGHT_L2_SHARE`` of L2), and the
@@ -404,8 +422,7 @@ def persistent_order(problem: FwdProblem, config, spec: DeviceSpec, grid: int | 
     if grid is None:
         grid = min(tiles, spec.sm_count)
     windowed = bool(problem.mask & MASK_WINDOW)
-    kv_bytes = problem.batch * problem.kv_heads * skv * problem.head_dim * 2 * 2
-    by_weight = windowed and kv_bytes <= _BY_WEIGHT_L2_SHARE * spec.l2_bytes
+    by_weight = windowed and _kv_fits_l2(problem, spec)
     t = np.arange(tiles, dtype=np.int64)
     m = n_m - 1 - (t // hb if by_weight else t % n_m)
     left, right = problem.window_bounds()
@@ -448,7 +465,22 @@ def plan_forward(problem: FwdProblem, spec: DeviceSpec) -> tiling.Plan:
     windowed = bool(problem.mask & MASK_WINDOW)
     balance = (persistent_order(problem, fitting_persistent[0], spec)[1]
                if tma_first and fitting_persistent and windowed else 1.0)
-    if tma_first and balance > _PERSISTENT_MAX_IMBALANCE:
+    if (tma_first and problem.head_dim == 64 and problem.causal and not problem.mask & MASK_VARLEN
+            and _kv_fits_l2(problem, spec)):
+        # measured on H100 (docs/perf/attention.md, stop 43): under a causal mask one tile per CTA launched
+        # heaviest first across heads (tile_order) ran 1.03-1.10x the persistent tile with its K/V in L2; the
+        # one-consumer 64-row tile up to 2,048 keys, the 128-row tile with pingpong at 4,096
+        if problem.seq_kv <= _ONE_CONSUMER_KEYS:
+            candidates = sorted(candidates, key=lambda c: getattr(c, "consumers", 2) != 1)
+            rows = 64
+        else:
+            candidates = sorted(candidates, key=lambda c: not (getattr(c, "consumers", 2) == 2 and c.pingpong
+                                                               and not c.persistent)
+                                if isinstance(c, FwdTmaConfig) else True)
+            rows = 128
+        reason = (f"one {rows}-row TMA tile per CTA, heaviest first across heads (causal, K/V in L2, "
+                  f"{problem.seq_kv} keys); " + reason)
+    elif tma_first and balance > _PERSISTENT_MAX_IMBALANCE:
         reason = (f"one tile per CTA: the persistent grid's busiest CTA would carry {balance:.2f}x the mean "
                   f"(> {_PERSISTENT_MAX_IMBALANCE}); " + reason)
     elif (tma_first and fitting_persistent

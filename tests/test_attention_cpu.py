@@ -300,7 +300,7 @@ def test_persistent_tile_where_measured_faster(monkeypatch):
         problem = configs.FwdProblem(batch=4, seq_q=1024, seq_kv=1024, heads=8, kv_heads=8, head_dim=head_dim, **kw)
         return configs.plan_forward(problem, h100)
 
-    for head_dim, kw, persistent in ((64, dict(causal=True), True), (64, {}, False), (128, {}, True),
+    for head_dim, kw, persistent in ((64, dict(causal=True), False), (64, {}, False), (128, {}, True),
                                      (128, dict(causal=True), True), (128, dict(window=(100, 0)), True),
                                      (256, dict(causal=True), False)):
         plan = planned(head_dim, **kw)
@@ -308,8 +308,21 @@ def test_persistent_tile_where_measured_faster(monkeypatch):
         assert plan.config.persistent == persistent, (head_dim, kw, str(plan))
         if persistent:
             assert "persistent" in plan.reason and plan.config.consumers == 2
+    # head dim 64 under a causal mask: one tile per CTA, launched heaviest first across heads (tile_order), while
+    # the K/V fit L2 (64 rows up to 2,048 keys, 128 with pingpong beyond); past that the persistent tile
+    for seq, rows in ((1024, 64), (2048, 64), (4096, 128)):
+        problem = configs.FwdProblem(batch=2, seq_q=seq, seq_kv=seq, heads=8, kv_heads=8, head_dim=64, causal=True)
+        cfg = configs.plan_forward(problem, h100).config
+        assert not cfg.persistent and cfg.block_m == rows and (rows == 64 or cfg.pingpong), (seq, cfg)
+        assert configs.tile_order(problem, cfg, h100, 512)
+        assert not configs.tile_order(dataclasses.replace(problem, causal=False), cfg, h100, 512)
+    big = configs.FwdProblem(batch=16, seq_q=1024, seq_kv=1024, heads=16, kv_heads=16, head_dim=64, causal=True)
+    cfg = configs.plan_forward(big, h100).config  # 67 MB of K/V
+    assert cfg.persistent and not configs.tile_order(dataclasses.replace(big, seq_q=1), dataclasses.replace(
+        cfg, persistent=False), h100, 512)
     packed = configs.FwdProblem(batch=4, seq_q=4096, seq_kv=4096, heads=8, kv_heads=8, head_dim=128, causal=True,
                                 varlen=True)
+    assert not configs.tile_order(packed, dataclasses.replace(cfg, persistent=False), h100, 512)
     assert not configs.plan_forward(packed, h100).config.persistent
     persistent = next(c for c in configs.tma_tiles(h100, 128) if c.persistent)
     assert configs.MASK_VARLEN not in configs.kernel_masks(persistent)
@@ -320,8 +333,7 @@ def test_persistent_tile_where_measured_faster(monkeypatch):
                                                     head_dim=64), h100)
     assert small.config.consumers == 1 and small.config.block_m == 64 and "two CTAs per SM" in small.reason
     for kw in (dict(batch=16, seq_q=2048, seq_kv=2048), dict(batch=1, seq_q=4096, seq_kv=4096),
-               dict(batch=4, seq_q=1024, seq_kv=1024, causal=True), dict(batch=4, seq_q=1024, seq_kv=1024,
-                                                                          window=(64, 64))):
+               dict(batch=4, seq_q=1024, seq_kv=1024, window=(64, 64))):
         problem = configs.FwdProblem(heads=16, kv_heads=16, head_dim=64, **kw)
         assert configs.plan_forward(problem, h100).config.consumers != 1, kw
     with pytest.raises(ValueError, match="neither pingpong nor persistent"):

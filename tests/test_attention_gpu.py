@@ -148,18 +148,46 @@ def test_tma_persistent_tile_orders(monkeypatch, dim):
     plans = [p for p in _tma_plans(dim) if p.config.persistent]
     assert plans, "no persistent TMA tile fits this GPU"
     q, k, v = _inputs(2, 1500, 1500, 8, 2, dim, "fp16", seed=dim + 17)
-    real = configs.persistent_order
     for plan in plans:
         single = tune.explicit(dataclasses.replace(plan.config, persistent=False), device.current())
         for kw in ({"causal": True}, {"window": (700, 0)}):
+            monkeypatch.setattr(api, "tile_order", lambda *a, **k: False)
+            api._FORWARD.clear()
             o1, lse1 = flash_attention(q, k, v, return_lse=True, plan=single, **kw)
             for by_weight in (False, True):
-                monkeypatch.setattr(api, "persistent_order", lambda *a, **k: (by_weight, real(*a, **k)[1]))
+                monkeypatch.setattr(api, "tile_order", lambda *a, **k: by_weight)
                 api._FORWARD.clear()  # the call is built anew with the forced order
                 o, lse = flash_attention(q, k, v, return_lse=True, plan=plan, **kw)
                 same = cupy.array_equal(o.view(cupy.uint16), o1.view(cupy.uint16))
                 assert bool(same), (plan.config, kw, by_weight)
                 assert bool(cupy.array_equal(lse, lse1)), (plan.config, kw, by_weight)
+    api._FORWARD.clear()
+
+
+@pytest.mark.parametrize("dim", [64, 128, 256])
+def test_tma_one_tile_orders(monkeypatch, dim):
+    """One query tile per CTA launched by weight across heads (tile_order: the planner's choice under a causal mask
+    whose K/V fit L2) or head by head: bitwise the same outputs, with a ragged last tile, GQA, no mask, causal and a
+    window, on every one-tile TMA config of the head dim (the 64-row tile of one consumer among them)."""
+    import cupy
+
+    from attention import api, configs, flash_attention
+
+    plans = [p for p in _tma_plans(dim) if not p.config.persistent]
+    assert plans, "no one-tile TMA config fits this GPU"
+    q, k, v = _inputs(2, 1100, 1100, 8, 2, dim, "bf16", seed=dim + 5)
+    for plan in plans:
+        for kw in ({}, {"causal": True}, {"window": (300, 0)}):
+            if configs.mask_of(**kw) not in configs.kernel_masks(plan.config):
+                continue  # (the 192-row tile has no causal/window kernel)
+            out = []
+            for by_weight in (False, True):
+                monkeypatch.setattr(api, "tile_order", lambda *a, **k: by_weight)
+                api._FORWARD.clear()
+                out.append(flash_attention(q, k, v, return_lse=True, plan=plan, **kw))
+            (o0, l0), (o1, l1) = out
+            assert bool(cupy.array_equal(o0.view(cupy.uint16), o1.view(cupy.uint16))), (plan.config, kw)
+            assert bool(cupy.array_equal(l0, l1)), (plan.config, kw)
     api._FORWARD.clear()
 
 

@@ -99,7 +99,9 @@ flash_fwd_tma(const __grid_constant__ tma::TensorMap q_map, const __grid_constan
     pdl::enter();  // set up: from here on the previous kernel's outputs are read and ours written
 
     // ---- the CTA's query tiles. One per CTA: (gridDim.x - 1 - blockIdx.x, blockIdx.y, blockIdx.z), heaviest
-    // (last) query tiles first. PERSISTENT: a grid of the CTAs that fit at once over the n_m x heads x batch tiles,
+    // (last) query tiles first; with by_weight (a causal mask whose K/V fit L2: attention/configs.py tile_order)
+    // the CTAs in launch order take query tile n_m - 1 of every head and batch, then n_m - 2, ..., so the heaviest
+    // tiles of the whole grid start first. PERSISTENT: a grid of the CTAs that fit at once over the n_m x heads x batch tiles,
     // numbered as that grid's CTAs (query tiles of a head, heaviest first, then heads, then batch: the CTAs at work
     // at once share few heads' K/V in L2), or with by_weight (a causal/window mask whose K/V all fit in L2: the
     // host's choice, attention/configs.py persistent_order) heaviest first across heads (query tile n_m - 1 of
@@ -129,9 +131,17 @@ flash_fwd_tma(const __grid_constant__ tma::TensorMap q_map, const __grid_constan
             }
         } else {
             if (i > 0) return false;
-            tl.m_block = gridDim.x - 1 - blockIdx.x;
-            tl.head = blockIdx.y;
-            tl.b = blockIdx.z;
+            if (by_weight) {
+                const int hb = gridDim.y * gridDim.z;
+                const int t = blockIdx.x + gridDim.x * (blockIdx.y + gridDim.y * blockIdx.z);
+                tl.m_block = gridDim.x - 1 - t / hb;
+                tl.head = t % heads;
+                tl.b = t / heads % batch;
+            } else {
+                tl.m_block = gridDim.x - 1 - blockIdx.x;
+                tl.head = blockIdx.y;
+                tl.b = blockIdx.z;
+            }
         }
         if constexpr (VARLEN) {  // false: a packed batch's grid runs past its last tile (every thread alike)
             int tile;
