@@ -465,21 +465,22 @@ def plan_forward(problem: FwdProblem, spec: DeviceSpec) -> tiling.Plan:
     windowed = bool(problem.mask & MASK_WINDOW)
     balance = (persistent_order(problem, fitting_persistent[0], spec)[1]
                if tma_first and fitting_persistent and windowed else 1.0)
-    if (tma_first and problem.head_dim == 64 and problem.causal and not problem.mask & MASK_VARLEN
-            and _kv_fits_l2(problem, spec)):
-        # measured on H100 (docs/perf/attention.md, stop 43): under a causal mask one tile per CTA launched
-        # heaviest first across heads (tile_order) ran 1.03-1.10x the persistent tile with its K/V in L2; the
-        # one-consumer 64-row tile up to 2,048 keys, the 128-row tile with pingpong at 4,096
+    if tma_first and problem.head_dim == 64 and problem.causal and not problem.mask & MASK_VARLEN:
+        # measured on H100 (docs/perf/attention.md v3.6): under a causal mask one tile per CTA beat the persistent
+        # 128-row tile at every size tried: with the K/V in L2 launched heaviest first across heads (tile_order,
+        # 1.03-1.10x), without head by head (1.03-1.11x, seed004_a's shape 0.84 -> 0.94x cuDNN); the one-consumer
+        # 64-row tile up to 2,048 keys, the 128-row tile beyond (pingpong where the K/V fit L2, not where they
+        # do not: 1.14 / 0.94x cuDNN at 4,096 keys)
+        in_l2 = _kv_fits_l2(problem, spec)
         if problem.seq_kv <= _ONE_CONSUMER_KEYS:
             candidates = sorted(candidates, key=lambda c: getattr(c, "consumers", 2) != 1)
             rows = 64
         else:
-            candidates = sorted(candidates, key=lambda c: not (getattr(c, "consumers", 2) == 2 and c.pingpong
-                                                               and not c.persistent)
-                                if isinstance(c, FwdTmaConfig) else True)
+            candidates = sorted(candidates, key=lambda c: not (isinstance(c, FwdTmaConfig) and c.consumers == 2
+                                                               and c.pingpong == in_l2 and not c.persistent))
             rows = 128
-        reason = (f"one {rows}-row TMA tile per CTA, heaviest first across heads (causal, K/V in L2, "
-                  f"{problem.seq_kv} keys); " + reason)
+        reason = (f"one {rows}-row TMA tile per CTA, {'heaviest first across heads' if in_l2 else 'head by head'} "
+                  f"(causal, {problem.seq_kv} keys, K/V {'in' if in_l2 else 'not in'} L2); " + reason)
     elif tma_first and balance > _PERSISTENT_MAX_IMBALANCE:
         reason = (f"one tile per CTA: the persistent grid's busiest CTA would carry {balance:.2f}x the mean "
                   f"(> {_PERSISTENT_MAX_IMBALANCE}); " + reason)

@@ -25,6 +25,9 @@ if os.environ.get("CAUSAL_SET"):
     cases = [(64, 4, 1024, 8, 8, True), (64, 8, 1024, 8, 8, True), (64, 2, 2048, 8, 8, True), (64, 4, 2048, 8, 8, True),
              (64, 1, 4096, 16, 16, True), (64, 16, 1024, 16, 16, True), (64, 2, 4096, 8, 8, True),
              (128, 2, 2048, 8, 8, True), (128, 1, 4096, 32, 8, True), (128, 8, 1024, 16, 16, True), (128, 4, 1024, 8, 2, True)]
+if os.environ.get("BIG_CAUSAL"):
+    cases = [(64, 16, 1024, 16, 16, True), (64, 16, 2048, 16, 16, True), (64, 8, 2048, 16, 16, True),
+             (64, 4, 4096, 16, 16, True), (64, 32, 1024, 16, 16, True), (64, 16, 2048, 16, 16, False)]
 if os.environ.get("ONLY"):
     cases = [c for c in cases if c[0] == int(os.environ["ONLY"])]
 M64 = T(head_dim=64, block_n=128, stages=2, consumers=1, pingpong=False)
@@ -42,6 +45,9 @@ for d, B, S, H, KVH, causal in cases:
     if d == 64 and causal:
         variants = [("planned", planned, None), ("m64 mm", M64, True), ("m64 hw", M64, False),
                     ("m128 one mm", T(head_dim=64, block_n=128, stages=2), True),
+                    ("m128 one hw", T(head_dim=64, block_n=128, stages=2), False),
+                    ("m128 nopp hw", T(head_dim=64, block_n=128, stages=2, pingpong=False), False),
+                    ("m128 pers hw", T(head_dim=64, block_n=128, stages=2, pingpong=False, persistent=True), False),
                     ("m128 pers mm", T(head_dim=64, block_n=128, stages=2, pingpong=False, persistent=True), True)]
     elif d == 64:
         variants = [("planned", planned, None), ("m64 mm", M64, True), ("m64 s3", dataclasses.replace(M64, stages=3), False),
