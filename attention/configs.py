@@ -296,8 +296,12 @@ def plannable(spec: DeviceSpec, head_dim: int) -> list[FwdConfig]:
     two_consumers = sorted(space, key=lambda c: getattr(c, "consumers", 2) == 3)  # head dim 64, fewer waves
     one_consumer = sorted(space, key=lambda c: getattr(c, "consumers", 2) != 1)  # head dim 64, small grids
     persistent = sorted(space, key=lambda c: not getattr(c, "persistent", False))
+    # head dim 64 under a causal mask past 2,048 keys: one 128-row tile per CTA, with or without pingpong
+    one_tile = [sorted(space, key=lambda c, pp=pp: not (isinstance(c, FwdTmaConfig) and c.consumers == 2
+                                                        and c.pingpong == pp and not c.persistent))
+                for pp in (True, False)] if head_dim == 64 else []
     for order in (space, no_tma, sorted(no_tma, key=lambda c: c.block_m != 64), two_consumers, one_consumer,
-                  persistent):
+                  persistent, *one_tile):
         fitting = [c for c in order if tiling.fits(c, spec) is None]
         if fitting and fitting[0] not in found:
             found.append(fitting[0])
