@@ -37,7 +37,8 @@ MIN_STAGES_PER_SPLIT = 2
 # loses to free placement)
 CLUSTER_SPLITS = (2, 4, 8)
 CLUSTER_MAX_SPLIT_KEYS = 4096
-SHORT_CACHE_KEYS = 2048  # search_space: head dim >= 128 keeps the 3-stage ring (two CTAs per SM) up to this many keys
+SHORT_CACHE_KEYS = 2048
+W8_MAX_BANDWIDTH_GBS = 4000.0  # search_space: 8 x 3 on short caches from two waves (H100: yes, H200: no)  # search_space: head dim >= 128 keeps the 3-stage ring (two CTAs per SM) up to this many keys
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -96,7 +97,8 @@ class DecodeConfig:
         return f"DecodeConfig(d{self.head_dim} w{self.warps} s{self.stages})"
 
 
-def search_space(head_dim: int, waves: float = 0.0, paged: bool = False, keys: int = 0) -> list[DecodeConfig]:
+def search_space(head_dim: int, waves: float = 0.0, paged: bool = False, keys: int = 0,
+                 bandwidth_gbs: float = 0.0) -> list[DecodeConfig]:
     """Preference order, then the configs that fit smaller shared memories. ``waves`` is the grid before any split
     (batch x kv heads x row tiles) over the SM count. Measured on an H100 (2026-11-23, held time, bf16):
 
@@ -106,9 +108,11 @@ def search_space(head_dim: int, waves: float = 0.0, paged: bool = False, keys: i
     - head dim 128 and up: from two waves up (every SM has work for several CTAs), a 4-stage ring (one CTA per SM)
       beats 3 stages by 0.4-2 % (B64 L32k 32/32 10968 vs 11203 us); under that, 3 stages (two CTAs per SM) win by
       0-1.5 %; on short caches (<= SHORT_CACHE_KEYS keys) 3 stages beat 4 at any grid (B64 L1k 32/8 q1 103.9 vs
-      105.5 us, 2026-11-25), and from two waves up 8 warps x 3 stages (one CTA per SM, 128 keys per stage) beat 4
-      warps x 3 stages by 0-1.3 % on all six B64 L1k rows (d64 in pairs q1 105.4 -> 104.3 us, 32/8 q4 108.7 ->
-      107.3; 2026-11-26, held, interleaved) while losing 0.5-1.5 % at 8k-32k keys and on one wave (B8 L1k 32/32);
+      105.5 us, 2026-11-25), and from two waves up, on a device of at most ``W8_MAX_BANDWIDTH_GBS`` (``bandwidth_gbs``,
+      the profile's HBM figure), 8 warps x 3 stages (one CTA per SM, 128 keys per stage) beat 4 warps x 3 stages
+      by 0-1.3 % on all six B64 L1k rows of an H100 (d64 in pairs q1 105.4 -> 104.3 us, 32/8 q4 108.7 -> 107.3;
+      2026-11-26, held, interleaved) while losing 0.5-1.5 % at 8k-32k keys and on one wave (B8 L1k 32/32); on an
+      H200 (4.8 TB/s) the same rows ran 0.2-2 % slower with it (d64 in pairs q1 76.8 -> 78.4 us);
     - a paged cache takes the same plan under two waves: its page ids are read once per 16-key group, a stage
       ahead of the copies that use them (flash_decode), so its copies no longer wait on the block table (before
       that change a paged cache needed a second CTA per SM to hide the lookups; now one per SM with the
@@ -122,8 +126,10 @@ def search_space(head_dim: int, waves: float = 0.0, paged: bool = False, keys: i
         first = [(8, 3)]
     elif head_dim == 64:
         first = [(4, 4), (8, 4), (8, 3)] if waves < 1 else [(8, 4), (8, 3)]
-    elif waves >= 2 and not paged:
-        first = [(4, 4)] if keys > SHORT_CACHE_KEYS else [(8, 3)]
+    elif waves >= 2 and not paged and keys > SHORT_CACHE_KEYS:
+        first = [(4, 4)]
+    elif waves >= 2 and not paged and 0 < bandwidth_gbs <= W8_MAX_BANDWIDTH_GBS:
+        first = [(8, 3)]
     else:
         first = []
     return [DecodeConfig(head_dim=head_dim, warps=w, stages=s) for w, s in first + [(4, 3), (4, 2), (2, 3), (2, 2)]]
@@ -137,7 +143,8 @@ def plan_decode(problem: DecodeProblem, spec: DeviceSpec) -> tiling.Plan:
     if tuned is not None:
         return tuned
     waves = problem.batch * problem.kv_heads * problem.row_tiles / spec.sm_count
-    return tiling.choose(search_space(problem.head_dim, waves, problem.paged, problem.max_keys), spec,
+    return tiling.choose(search_space(problem.head_dim, waves, problem.paged, problem.max_keys,
+                                      spec.peaks.mem_bandwidth_gbs if spec.peaks else 0.0), spec,
                          reason="the ring and warps measured fastest for this head dim and grid")
 
 

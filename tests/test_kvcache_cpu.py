@@ -41,8 +41,9 @@ def _archs():
 @pytest.mark.parametrize("arch", _archs())
 def test_planned_kernels_compile_without_spills(arch):
     specs = [s for s in PROFILES if s.arch == arch]
-    configs = {plan_decode(_problem(batch=b, kv_heads=kvh, head_dim=d, paged=p), s).config for s in specs
-               for d in HEAD_DIMS for p in (False, True) for b, kvh in ((1, 8), (64, 32))}
+    configs = {plan_decode(_problem(batch=b, kv_heads=kvh, head_dim=d, paged=p, max_keys=keys), s).config
+               for s in specs for d in HEAD_DIMS for p in (False, True)
+               for b, kvh, keys in ((1, 8, 32768), (64, 32, 32768), (64, 32, 1024))}  # (short caches: 8 x 3)
     exprs = [c.name_expression(dtype=np.uint16, paged=p) for c in configs for p in (False, True)]
     exprs += [c.name_expression(dtype=t, paged=p, pair=True) for c in configs if c.head_dim == 128
               for p in (False, True) for t in (np.uint16, np.float16)]
@@ -68,8 +69,11 @@ def test_search_space_is_valid_and_ordered():
     assert search_space(64, 1.0)[0] == DecodeConfig(head_dim=64, warps=8, stages=4)
     assert search_space(128, 1.9)[0] == DecodeConfig(head_dim=128, warps=4, stages=3)
     assert search_space(128, 2.0, keys=8192)[0] == DecodeConfig(head_dim=128, warps=4, stages=4)
-    assert search_space(128, 2.0, keys=1024)[0] == DecodeConfig(head_dim=128, warps=8, stages=3)  # short cache
-    assert search_space(128, 1.9, keys=1024)[0] == DecodeConfig(head_dim=128, warps=4, stages=3)
+    # short caches from two waves: 8 x 3 on an H100's bandwidth, 4 x 3 on an H200's (or when it is unknown)
+    assert search_space(128, 2.0, keys=1024, bandwidth_gbs=3350)[0] == DecodeConfig(head_dim=128, warps=8, stages=3)
+    assert search_space(128, 2.0, keys=1024, bandwidth_gbs=4800)[0] == DecodeConfig(head_dim=128, warps=4, stages=3)
+    assert search_space(128, 2.0, keys=1024)[0] == DecodeConfig(head_dim=128, warps=4, stages=3)
+    assert search_space(128, 1.9, keys=1024, bandwidth_gbs=3350)[0] == DecodeConfig(head_dim=128, warps=4, stages=3)
     # paged caches plan like contiguous ones under two waves, and keep rings two CTAs can share from two
     assert search_space(64, 0.5, paged=True) == search_space(64, 0.5)
     assert search_space(128, 1.9, paged=True) == search_space(128, 1.9)
