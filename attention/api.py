@@ -370,7 +370,10 @@ class ForwardCall:
             tail = ()
             if isinstance(cfg, FwdTmaConfig):
                 qkv, strides = tensor_maps(q, k, v, problem, cfg), []
-                tail = (np.int32(tile_order(problem, cfg, spec, grid[0])),)  # the tiles' order (flash_fwd_tma.cu)
+                by_weight = tile_order(problem, cfg, spec, grid[0])  # the tiles' order (flash_fwd_tma.cu)
+                if by_weight and not cfg.persistent:
+                    grid = (H, B, grid[0])  # one tile per CTA by weight: query tiles outermost (flash_fwd_tma.cu)
+                tail = (np.int32(by_weight),)
             else:
                 qkv = (P(0), P(1), P(2))
                 strides = [np.int64(s) for x in (q, k, v) for s in batch_strides(x, problem.varlen)]

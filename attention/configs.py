@@ -409,7 +409,8 @@ def tile_order(problem: FwdProblem, config, spec: DeviceSpec, grid: int) -> bool
     batch (its CTAs map their tiles from the sequences)."""
     if config.persistent:
         return persistent_order(problem, config, spec, grid)[0]
-    return problem.causal and not problem.mask & MASK_VARLEN and _kv_fits_l2(problem, spec)
+    # (the grid is then (heads, batch, query tiles): batch is its y dimension, at most 65,535)
+    return problem.causal and not problem.mask & MASK_VARLEN and problem.batch <= 65535 and _kv_fits_l2(problem, spec)
 
 
 def persistent_order(problem: FwdProblem, config, spec: DeviceSpec, grid: int | None = None) -> tuple[bool, float]:

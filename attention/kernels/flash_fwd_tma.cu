@@ -100,8 +100,10 @@ flash_fwd_tma(const __grid_constant__ tma::TensorMap q_map, const __grid_constan
 
     // ---- the CTA's query tiles. One per CTA: (gridDim.x - 1 - blockIdx.x, blockIdx.y, blockIdx.z), heaviest
     // (last) query tiles first; with by_weight (a causal mask whose K/V fit L2: attention/configs.py tile_order)
-    // the CTAs in launch order take query tile n_m - 1 of every head and batch, then n_m - 2, ..., so the heaviest
-    // tiles of the whole grid start first. PERSISTENT: a grid of the CTAs that fit at once over the n_m x heads x batch tiles,
+    // the grid is (heads, batch, n_m) and CTA (h, b, z) takes query tile n_m - 1 - z of head h, batch b: in launch
+    // order query tile n_m - 1 of every head and batch, then n_m - 2, ..., so the heaviest tiles of the whole grid
+    // start first (no division at the CTA's start, which is on the critical path: numbering the CTAs of an (n_m,
+    // heads, batch) grid by weight with three divisions ran 1-2 % slower, 2026-11-26). PERSISTENT: a grid of the CTAs that fit at once over the n_m x heads x batch tiles,
     // numbered as that grid's CTAs (query tiles of a head, heaviest first, then heads, then batch: the CTAs at work
     // at once share few heads' K/V in L2), or with by_weight (a causal/window mask whose K/V all fit in L2: the
     // host's choice, attention/configs.py persistent_order) heaviest first across heads (query tile n_m - 1 of
@@ -131,12 +133,10 @@ flash_fwd_tma(const __grid_constant__ tma::TensorMap q_map, const __grid_constan
             }
         } else {
             if (i > 0) return false;
-            if (by_weight) {
-                const int hb = gridDim.y * gridDim.z;
-                const int t = blockIdx.x + gridDim.x * (blockIdx.y + gridDim.y * blockIdx.z);
-                tl.m_block = gridDim.x - 1 - t / hb;
-                tl.head = t % heads;
-                tl.b = t / heads % batch;
+            if (by_weight) {  // grid (heads, batch, n_m): the launch order is the order by weight
+                tl.m_block = gridDim.z - 1 - blockIdx.z;
+                tl.head = blockIdx.x;
+                tl.b = blockIdx.y;
             } else {
                 tl.m_block = gridDim.x - 1 - blockIdx.x;
                 tl.head = blockIdx.y;
@@ -158,7 +158,7 @@ flash_fwd_tma(const __grid_constant__ tma::TensorMap q_map, const __grid_constan
     };
     auto kv_tiles = [&](const Tile& tl) {
         const int m0 = tl.m_block * BLOCK_M;
-        const int m_tiles = PERSISTENT ? (seq_q + BLOCK_M - 1) / BLOCK_M : gridDim.x;
+        const int m_tiles = VARLEN ? gridDim.x : (seq_q + BLOCK_M - 1) / BLOCK_M;
         return KvTileRange<BLOCK_N, WINDOW, SEGMENTS>(m0, min(m0 + BLOCK_M, tl.seq_q) - 1, tl.seq_q, tl.seq_kv,
                                                       window_left, window_right, q_tile_ids, kv_tile_ids, tl.b,
                                                       tl.m_block, m_tiles);
