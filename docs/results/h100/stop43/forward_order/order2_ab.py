@@ -1,7 +1,12 @@
 """Scratch (order2_ab, stop 43): the small non-causal forward grids with the tiles in launch order by query tile
 across heads (by_weight for one tile per CTA; the persistent grid's by-weight order without a mask), and a
 three-stage ring for the 64-row tile. Every variant and cuDNN in each of ROUNDS interleaved rounds, held (L2
-flushed), ratio to cuDNN per round then the median; do_bench once at the end."""
+flushed), ratio to cuDNN per round then the median; do_bench once at the end.
+
+Kept as run on 2026-11-26 (stop 43). Sets: default (small non-causal + two causal), CAUSAL_SET=1, BIG_CAUSAL=1,
+D128_STAGES=1. Two variant sets needed temporary switches that were taken out after the runs (docs/perf/attention.md
+v3.6): RESHAPE_AB=1 (attention.api._RESHAPE, the division build of the by-weight order) and ORDER_GROUPS=shares (the
+kernel's grouped by-weight order: by_weight = group size); on main they fail or run the plain by-weight order."""
 import dataclasses, json, os
 import numpy as np
 import torch
@@ -28,6 +33,9 @@ if os.environ.get("CAUSAL_SET"):
 if os.environ.get("BIG_CAUSAL"):
     cases = [(64, 16, 1024, 16, 16, True), (64, 16, 2048, 16, 16, True), (64, 8, 2048, 16, 16, True),
              (64, 4, 4096, 16, 16, True), (64, 32, 1024, 16, 16, True), (64, 16, 2048, 16, 16, False)]
+if os.environ.get("D128_STAGES"):
+    cases = [(128, 4, 1024, 8, 2, False), (128, 8, 1024, 8, 2, False), (128, 4, 2048, 8, 8, False),
+             (128, 1, 4096, 32, 8, False), (128, 4, 4096, 16, 8, False), (128, 4, 1024, 8, 2, True)]
 if os.environ.get("ONLY"):
     cases = [c for c in cases if c[0] == int(os.environ["ONLY"])]
 M64 = T(head_dim=64, block_n=128, stages=2, consumers=1, pingpong=False)
@@ -42,7 +50,15 @@ for d, B, S, H, KVH, causal in cases:
     ref = F(qt, kt, vt, is_causal=causal, enable_gqa=True).transpose(1, 2)
     prob = validate(q, k, v, causal=causal, window=None, segment_ids=None, softmax_scale=None)
     planned = configs.plan_forward(prob, spec).config
-    if d == 64 and causal:
+    if os.environ.get("ORDER_GROUPS"):
+        pair = S * d * 4 // (H // KVH)
+        groups = {f"g{share}": max(1, int(float(share) * spec.l2_bytes // pair)) for share in os.environ["ORDER_GROUPS"].split(",")}
+        cfg = planned
+        variants = [("planned", planned, None), ("hw", cfg, 0), ("all", cfg, B * H)] + [
+            (f"{n}={g}", cfg, min(g, B * H)) for n, g in groups.items()]
+    elif os.environ.get("RESHAPE_AB"):
+        variants = [("planned", planned, None), ("divs", planned, "divs"), ("hw", planned, False)]
+    elif d == 64 and causal:
         variants = [("planned", planned, None), ("m64 mm", M64, True), ("m64 hw", M64, False),
                     ("m128 one mm", T(head_dim=64, block_n=128, stages=2), True),
                     ("m128 one hw", T(head_dim=64, block_n=128, stages=2), False),
@@ -52,6 +68,11 @@ for d, B, S, H, KVH, causal in cases:
     elif d == 64:
         variants = [("planned", planned, None), ("m64 mm", M64, True), ("m64 s3", dataclasses.replace(M64, stages=3), False),
                     ("m64 s3 mm", dataclasses.replace(M64, stages=3), True), ("m64 hw", M64, False)]
+    elif os.environ.get("D128_STAGES"):
+        variants = [("planned", planned, None)] + [
+            (f"pers n{n} s{st}", T(head_dim=d, block_n=n, stages=st, persistent=True), False)
+            for n, st in ((64, 3), (64, 4), (64, 2))] + [
+            (f"one n{n} s{st}", T(head_dim=d, block_n=n, stages=st), False) for n, st in ((64, 3), (128, 3))]
     else:
         p2 = T(head_dim=d, block_n=128, stages=2, persistent=True)
         o2 = T(head_dim=d, block_n=128, stages=2)
@@ -59,7 +80,8 @@ for d, B, S, H, KVH, causal in cases:
     ptrs = [launch.view(x)[1] for x in (q, k, v)]
     fns = {}
     for name, c, order in variants:
-        ORDER[0] = order
+        _api._RESHAPE[0] = order != "divs"
+        ORDER[0] = True if order == "divs" else order
         plan = tiling.Plan(config=c, smem_bytes=c.smem_bytes(), limit=0, reason="ab")
         try:
             call = ForwardCall(q, k, v, prob, plan, None, None)
