@@ -37,8 +37,8 @@ MIN_STAGES_PER_SPLIT = 2
 # loses to free placement)
 CLUSTER_SPLITS = (2, 4, 8)
 CLUSTER_MAX_SPLIT_KEYS = 4096
-SHORT_CACHE_KEYS = 2048
-W8_MAX_BANDWIDTH_GBS = 4000.0  # search_space: 8 x 3 on short caches from two waves (H100: yes, H200: no)  # search_space: head dim >= 128 keeps the 3-stage ring (two CTAs per SM) up to this many keys
+SHORT_CACHE_KEYS = 2048  # search_space: head dim >= 128 keeps the 3-stage ring (two CTAs per SM) up to this many keys
+W8_MAX_BANDWIDTH_GBS = 4000.0  # search_space: 8 x 3 on short caches from two waves (H100: yes, H200: no)
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)

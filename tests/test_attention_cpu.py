@@ -308,8 +308,8 @@ def test_persistent_tile_where_measured_faster(monkeypatch):
         assert plan.config.persistent == persistent, (head_dim, kw, str(plan))
         if persistent:
             assert "persistent" in plan.reason and plan.config.consumers == 2
-    # head dim 64 under a causal mask: one tile per CTA, launched heaviest first across heads (tile_order), while
-    # the K/V fit L2 (64 rows up to 2,048 keys, 128 with pingpong beyond); past that the persistent tile
+    # head dim 64 under a causal mask: one tile per CTA (64 rows up to 2,048 keys, 128 beyond), launched heaviest
+    # first across heads (tile_order) and with pingpong at 128 rows while the K/V fit L2; head by head past that
     for seq, rows in ((1024, 64), (2048, 64), (4096, 128)):
         problem = configs.FwdProblem(batch=2, seq_q=seq, seq_kv=seq, heads=8, kv_heads=8, head_dim=64, causal=True)
         cfg = configs.plan_forward(problem, h100).config

@@ -142,7 +142,7 @@ def test_tma_persistent_tile_orders(monkeypatch, dim):
 
     import cupy
 
-    from attention import api, configs, flash_attention
+    from attention import api, flash_attention
     from cukernels import device, tune
 
     plans = [p for p in _tma_plans(dim) if p.config.persistent]

@@ -103,10 +103,11 @@ flash_fwd_tma(const __grid_constant__ tma::TensorMap q_map, const __grid_constan
     // the grid is (heads, batch, n_m) and CTA (h, b, z) takes query tile n_m - 1 - z of head h, batch b: in launch
     // order query tile n_m - 1 of every head and batch, then n_m - 2, ..., so the heaviest tiles of the whole grid
     // start first (no division at the CTA's start, which is on the critical path: numbering the CTAs of an (n_m,
-    // heads, batch) grid by weight with three divisions ran 1-2 % slower, 2026-11-26). PERSISTENT: a grid of the CTAs that fit at once over the n_m x heads x batch tiles,
-    // numbered as that grid's CTAs (query tiles of a head, heaviest first, then heads, then batch: the CTAs at work
-    // at once share few heads' K/V in L2), or with by_weight (a causal/window mask whose K/V all fit in L2: the
-    // host's choice, attention/configs.py persistent_order) heaviest first across heads (query tile n_m - 1 of
+    // heads, batch) grid by weight with three divisions ran 1-2 % slower, 2026-11-26).
+    // PERSISTENT: a grid of the CTAs that fit at once over the n_m x heads x batch tiles, numbered as that grid's
+    // CTAs (query tiles of a head, heaviest first, then heads, then batch: the CTAs at work at once share few heads'
+    // K/V in L2), or with by_weight (a causal/window mask whose K/V all fit in L2: the host's choice,
+    // attention/configs.py persistent_order) heaviest first across heads (query tile n_m - 1 of
     // every head and batch, then n_m - 2, ...); round r of CTA c takes tile r G + c, every other round in reverse
     // (r G + G - 1 - c), so by weight the rounds pair heavy and light tiles whatever n_m and G are.
     // Each role works its tiles out after taking its registers (values live across setmaxnreg.dec would have to fit
