@@ -187,7 +187,8 @@ def _progress(msg: str, stream) -> None:
         print(f"\r\033[K{msg}", end="", file=stream, flush=True)
 
 
-ROUNDS = 5  # rounds of a row timed with host time or left unsettled by its first round, spread over the run
+ROUNDS = 5  # rounds of a row timed with host time, left unsettled by its first round or throttled in it, spread
+# over the run
 _ROUND_MIN_SAMPLES = 5  # per round, when a row is timed in rounds (10 in one round otherwise)
 
 
@@ -220,8 +221,12 @@ class _Timed:
 
     @property
     def unsettled(self) -> bool:
-        """Timed with host time, or its first round ended above the noise target: it needs more rounds."""
-        return self.host_time or not self.rounds[0].converged
+        """Timed with host time, its first round ended above the noise target, or the clock was pulled down (power
+        or thermal cap) during it: it needs more rounds. A capped card's clock depends on what ran just before, so a
+        row timed in one block can land 10-20 % off its baseline timed in another (H200, stop 43: the gemm suite's
+        `_grouped_mm` ratios moved by up to 20 % between two runs); rounds spread over the run time every
+        implementation of a case in each sweep, close together."""
+        return self.host_time or not self.rounds[0].converged or bool(self.rounds[0].clocks.get("throttled"))
 
 
 def run(

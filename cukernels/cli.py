@@ -105,8 +105,8 @@ def parser_for(ob: OpBench) -> argparse.ArgumentParser:
     p.add_argument("--plot", metavar="DIR", help="write PNG plots (needs matplotlib)")
     p.add_argument("--budget-ms", type=float, default=300.0, help="timing budget per implementation and case")
     p.add_argument("--rounds", type=int, default=bench.ROUNDS,
-                   help="rounds, spread over the run, of a row timed with host time or unsettled by its first round; "
-                        "its noise includes the spread of their medians (default %(default)s)")
+                   help="rounds, spread over the run, of a row timed with host time, unsettled by its first round "
+                        "or throttled in it; its noise includes the spread of their medians (default %(default)s)")
     p.add_argument("--seed", type=int, default=0, help="random seed of the inputs")
     ob.add_arguments(p)
     return p

@@ -203,7 +203,7 @@ def markdown(results: Sequence[Result], scores: Sequence[dict], env: dict, path:
     pooled = [r for r in ok if r.round_medians_ms]
     if pooled:
         worst = max(pooled, key=lambda r: r.round_noise or 0)
-        lines.append(f"- {len(pooled)} rows (host-incl, or unsettled by one round) were timed in "
+        lines.append(f"- {len(pooled)} rows (host-incl, unsettled by one round, or throttled) were timed in "
                      f"{len(worst.round_medians_ms)} rounds spread over the run; their noise is the larger of the "
                      "samples' spread and half the range of the round medians over the median (widest: "
                      f"{worst.case} / {worst.impl}, rounds "

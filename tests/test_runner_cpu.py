@@ -80,9 +80,10 @@ def test_markdown_report_renders(tmp_path):
 
 
 def test_unsettled_rows_are_timed_in_rounds_spread_over_the_run(monkeypatch):
-    """bench.run with the GPU parts stubbed: a settled device-time row is timed once; a host-time row, and a
-    device-time row whose first round did not reach the noise target, are timed where their case comes and again
-    in sweeps after the last case, re-prepared from the case's seed and checked after every round."""
+    """bench.run with the GPU parts stubbed: a settled device-time row is timed once; a host-time row, a
+    device-time row whose first round did not reach the noise target and one whose first round ran throttled are
+    timed where their case comes and again in sweeps after the last case, re-prepared from the case's seed and
+    checked after every round."""
     from cukernels import checks, timing
 
     calls = []
@@ -92,7 +93,8 @@ def test_unsettled_rows_are_timed_in_rounds_spread_over_the_run(monkeypatch):
         nth = sum(c[:2] == (fn.case, fn.impl) for c in calls)
         ms = 1.0 if hold else 0.1 * (1.2 if nth == 2 else 1.0)  # the host drifts in round 2
         settled = not (fn.impl == "jittery" and nth == 1)
-        return timing.summarize([ms] * min_samples, converged=settled, clocks={"held": hold})
+        throttled = fn.impl == "capped" and nth == 1  # a clock pulled down in the first round: rounds as well
+        return timing.summarize([ms] * min_samples, converged=settled, clocks={"held": hold, "throttled": throttled})
 
     monkeypatch.setattr(bench._device, "current", lambda: device.profile("h200"))
     monkeypatch.setattr(bench._timing, "benchmark", benchmark)
@@ -123,12 +125,12 @@ def test_unsettled_rows_are_timed_in_rounds_spread_over_the_run(monkeypatch):
 
     op = bench.Op(name="t", make_inputs=lambda case, seed: seed, reference=lambda case, inputs: None, check=check)
     cases = [bench.Case(name=n, params={"host": host}) for n, host in (("dev", False), ("h1", True), ("h2", True))]
-    impls = [impl("ours"), impl("torch", syncs=True), impl("flaky", bad_from=3), impl("jittery")]
+    impls = [impl("ours"), impl("torch", syncs=True), impl("flaky", bad_from=3), impl("jittery"), impl("capped")]
     results = bench.run(op, cases, impls, budget_ms=300, rounds=3, progress=None)
 
     assert [(r.case, r.impl) for r in results] == [(c.name, i.name) for c in cases for i in impls]
     names = [i.name for i in impls]
-    sweep = [("dev", "jittery")] + [(c, i) for c in ("h1", "h2") for i in names]
+    sweep = [("dev", "jittery"), ("dev", "capped")] + [(c, i) for c in ("h1", "h2") for i in names]
     assert [c[:2] for c in calls] == [("dev", i) for i in names] + [(c, i) for c in ("h1", "h2") for i in names] \
         + sweep * 2
     # device time: one round with the whole budget; later rounds of an unsettled one stay held, with a share
@@ -140,6 +142,7 @@ def test_unsettled_rows_are_timed_in_rounds_spread_over_the_run(monkeypatch):
     dev, host, jittery = by["dev", "ours"], by["h1", "ours"], by["dev", "jittery"]
     assert dev.round_medians_ms == [] and dev.round_noise is None and dev.rel_noise == 0.0
     assert jittery.round_medians_ms == [1.0, 1.0, 1.0] and jittery.clocks["held"] and jittery.samples == 20
+    assert by["dev", "capped"].round_medians_ms == [1.0, 1.0, 1.0]  # converged, but throttled in its first round
     assert host.round_medians_ms == pytest.approx([0.1, 0.12, 0.1]) and host.samples == 15
     assert host.round_noise == pytest.approx(0.1) and host.rel_noise == pytest.approx(0.1)
     assert host.clocks["held"] is False and len(host.checks) == 4  # before timing, after each of 3 rounds
