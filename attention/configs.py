@@ -297,8 +297,7 @@ def plannable(spec: DeviceSpec, head_dim: int) -> list[FwdConfig]:
     one_consumer = sorted(space, key=lambda c: getattr(c, "consumers", 2) != 1)  # head dim 64, small grids
     persistent = sorted(space, key=lambda c: not getattr(c, "persistent", False))
     # head dim 64 under a causal mask past 2,048 keys: one 128-row tile per CTA, with or without pingpong
-    one_tile = [sorted(space, key=lambda c, pp=pp: not (isinstance(c, FwdTmaConfig) and c.consumers == 2
-                                                        and c.pingpong == pp and not c.persistent))
+    one_tile = [sorted(space, key=lambda c, pp=pp: not _one_tile_128(c, pp))
                 for pp in (True, False)] if head_dim == 64 else []
     for order in (space, no_tma, sorted(no_tma, key=lambda c: c.block_m != 64), two_consumers, one_consumer,
                   persistent, *one_tile):
@@ -306,6 +305,13 @@ def plannable(spec: DeviceSpec, head_dim: int) -> list[FwdConfig]:
         if fitting and fitting[0] not in found:
             found.append(fitting[0])
     return found
+
+
+def _one_tile_128(config, pingpong: bool) -> bool:
+    """The 128-row TMA tile of two consumers, one query tile per CTA, with or without pingpong (the causal
+    head-dim-64 plan past 2,048 keys)."""
+    return (isinstance(config, FwdTmaConfig) and config.consumers == 2 and config.pingpong == pingpong
+            and not config.persistent)
 
 
 def tma_unusable(problem: FwdProblem) -> str | None:
@@ -481,8 +487,7 @@ def plan_forward(problem: FwdProblem, spec: DeviceSpec) -> tiling.Plan:
             candidates = sorted(candidates, key=lambda c: getattr(c, "consumers", 2) != 1)
             rows = 64
         else:
-            candidates = sorted(candidates, key=lambda c: not (isinstance(c, FwdTmaConfig) and c.consumers == 2
-                                                               and c.pingpong == in_l2 and not c.persistent))
+            candidates = sorted(candidates, key=lambda c: not _one_tile_128(c, in_l2))
             rows = 128
         reason = (f"one {rows}-row TMA tile per CTA, {'heaviest first across heads' if in_l2 else 'head by head'} "
                   f"(causal, {problem.seq_kv} keys, K/V {'in' if in_l2 else 'not in'} L2); " + reason)
