@@ -147,8 +147,8 @@ class FwdTmaConfig:
     def __post_init__(self):
         if self.head_dim not in HEAD_DIMS:
             raise ValueError(f"head_dim must be one of {HEAD_DIMS}, got {self.head_dim}")
-        if self.block_n not in (64, 128):
-            raise ValueError(f"block_n must be 64 or 128, got {self.block_n}")
+        if self.block_n not in (64, 80, 128):
+            raise ValueError(f"block_n must be 64, 80 or 128, got {self.block_n}")
         if self.stages < 2:
             raise ValueError(f"stages must be >= 2, got {self.stages}")
         if self.consumers not in (1, 2, 3) or (self.consumers == 3 and self.head_dim != 64):
@@ -245,8 +245,11 @@ _TMA_CANDIDATES = {
          (128, 2, 1, False)),
     128: ((128, 2, 2, True), (128, 3, 2, True), (64, 3, 2, True), (128, 2, 2, False), (128, 3, 2, False),
           (64, 3, 2, False)),
-    256: ((64, 2, 2, True), (64, 2, 2, False)),
+    256: ((80, 2, 2, True), (64, 2, 2, True), (64, 2, 2, False)),
 }
+# Head dim 256: 80-key stages first (FlashAttention-3's tile there), 230,472 B of shared memory at two stages, so
+# only where 227 KB fit (H100, H200); measured on H100 (docs/perf/attention.md v3.7) 1.02-1.09x the 64-key tile,
+# bf16 and fp16, causal and not. (At head dim 128, 80 keys lost to 128: 0.85-0.90x.)
 # persistent TMA tiles (a CTA per SM over the query tiles), after the others: planned first under a causal/window
 # mask and at head dim 128 (plan_forward); none at head dim 256 (O's own staging rows do not fit beside 2 stages)
 _TMA_PERSISTENT = {64: ((128, 2, 2, False),), 128: ((128, 2, 2, True),), 256: ()}

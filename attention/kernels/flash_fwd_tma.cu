@@ -67,7 +67,7 @@ flash_fwd_tma(const __grid_constant__ tma::TensorMap q_map, const __grid_constan
     constexpr bool VARLEN = (MASK & MASK_VARLEN) != 0;
     constexpr int Q_BYTES = BLOCK_M * HEAD_DIM * 2, KV_BYTES = BLOCK_N * HEAD_DIM * 2;
     static_assert(HEAD_DIM % 64 == 0 && HEAD_DIM <= 256, "head_dim 64, 128 or 256");
-    static_assert(BLOCK_N == 64 || BLOCK_N == 128, "wgmma N of S");
+    static_assert(BLOCK_N == 64 || BLOCK_N == 80 || BLOCK_N == 128, "wgmma N of S");
 
     static_assert(!(PERSISTENT && VARLEN), "a packed batch maps its tiles per CTA (not persistent)");
     constexpr int O_BYTES = PERSISTENT ? Q_BYTES : 0;  // O's staging space (else Q's)
