@@ -498,10 +498,11 @@ def plan_forward(problem: FwdProblem, spec: DeviceSpec) -> tiling.Plan:
         reason = (f"one tile per CTA: the persistent grid's busiest CTA would carry {balance:.2f}x the mean "
                   f"(> {_PERSISTENT_MAX_IMBALANCE}); " + reason)
     elif (tma_first and fitting_persistent
-            and (problem.head_dim == 128 or problem.mask & MASK_WINDOW)):
+            and (windowed or (problem.head_dim == 128 and ctas_128 > spec.sm_count))):
         # measured on H100 (docs/perf/attention.md v3.2): under a causal mask the persistent tile's rounds pair
         # heavy and light query tiles (1.0-1.4x the one-tile-per-CTA grid); at head dim 128 it is 1.00-1.04x
-        # without a mask; at head dim 64 without one it is not faster
+        # without a mask, but not on grids of one wave or less (no rounds to pair: B2 S1024 H8 0.97 against one
+        # tile per CTA's 1.00-1.01x cuDNN, v3.7); at head dim 64 without one it is not faster
         candidates = persistent + others
         reason = "persistent warp-specialised TMA tile (causal/window mask or head dim 128); " + reason
     elif tma_first and problem.head_dim == 64:
