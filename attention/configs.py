@@ -248,8 +248,8 @@ _TMA_CANDIDATES = {
     256: ((80, 2, 2, True), (64, 2, 2, True), (64, 2, 2, False)),
 }
 # Head dim 256: 80-key stages first (FlashAttention-3's tile there), 230,472 B of shared memory at two stages, so
-# only where 227 KB fit (H100, H200); measured on H100 (docs/perf/attention.md v3.7) 1.02-1.09x the 64-key tile,
-# bf16 and fp16, causal and not. (At head dim 128, 80 keys lost to 128: 0.85-0.90x.)
+# only where 227 KB fit (H100, H200); measured on H100 (docs/perf/attention.md v3.7) 1.01-1.07x the 64-key tile
+# (interleaved ratios to cuDNN), bf16 and fp16, causal and not. (At head dim 128, 80 keys lost to 128: 0.85-0.90x.)
 # persistent TMA tiles (a CTA per SM over the query tiles), after the others: planned first under a causal/window
 # mask and at head dim 128 (plan_forward); none at head dim 256 (O's own staging rows do not fit beside 2 stages)
 _TMA_PERSISTENT = {64: ((128, 2, 2, False),), 128: ((128, 2, 2, True),), 256: ()}
