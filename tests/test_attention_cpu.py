@@ -287,6 +287,27 @@ def test_tma_tile_only_where_tensor_maps_can_serve(monkeypatch):
     assert configs.tma_tiles(h100, 256) and not configs.tma_tiles(next(p for p in PROFILES if p.key == "a100_80gb"), 128)
 
 
+def test_head_dim_256_80_key_stages_and_one_wave_head_dim_128(monkeypatch):
+    """Head dim 256 plans the 80-key TMA tile where 227 KB of shared memory fit (H100, H200), and the 64-key one
+    where they do not; head dim 128 without a mask keeps one tile per CTA on a grid of one wave or less (the
+    persistent tile past it; docs/perf/attention.md v3.7)."""
+    from cukernels import tma
+
+    monkeypatch.setattr(tma, "available", lambda: None)
+    for key in ("h100_sxm", "h200"):
+        spec = next(p for p in PROFILES if p.key == key)
+        problem = configs.FwdProblem(batch=8, seq_q=2048, seq_kv=2048, heads=4, kv_heads=4, head_dim=256)
+        for kw in ({}, dict(causal=True)):
+            cfg = configs.plan_forward(dataclasses.replace(problem, **kw), spec).config
+            assert isinstance(cfg, configs.FwdTmaConfig) and cfg.block_n == 80 and cfg.pingpong, (key, kw, cfg)
+        small = dataclasses.replace(spec, smem_per_block_optin=229_376)  # 224 KB: the 80-key tile does not fit
+        cfg = configs.plan_forward(problem, small).config
+        assert isinstance(cfg, configs.FwdTmaConfig) and cfg.block_n == 64, cfg
+        one_wave = configs.FwdProblem(batch=2, seq_q=1024, seq_kv=1024, heads=8, kv_heads=8, head_dim=128)  # 128
+        assert not configs.plan_forward(one_wave, spec).config.persistent
+        assert configs.plan_forward(dataclasses.replace(one_wave, batch=4), spec).config.persistent  # 256 tiles
+
+
 def test_persistent_tile_where_measured_faster(monkeypatch):
     """On sm_90a the persistent TMA tile is planned under a causal/window mask and at head dim 128, never for a
     packed batch; head dim 64 without a mask keeps the one-tile-per-CTA tiles and head dim 256 has none. A plan
