@@ -135,7 +135,8 @@ flash_bwd_tma(const __grid_constant__ tma::TensorMap q_map, const __grid_constan
     const unsigned sL = sdQ + (DQ ? BLOCK_M * HEAD_DIM * 4 : 0), sD = sL + STAGES * BLOCK_M * 4;
     const unsigned kv_bar = sD + STAGES * BLOCK_M * 4, full = kv_bar + 8, empty = full + 8 * STAGES;
 
-    const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, wg = warp >> 2;
+    const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+    const int wg = ws::warpgroup();  // warp-uniform to the compiler: K's and V's descriptors in uniform registers
     if (tid == 0) init_ring<DQ>(q_map, k_map, v_map, do_map, dq_map, kv_bar, full, empty, STAGES, 8);  // 8 consumers
     __syncthreads();
 
@@ -360,7 +361,8 @@ flash_bwd_tma_pair(const __grid_constant__ tma::TensorMap q_map, const __grid_co
     const float* lse_s = reinterpret_cast<const float*>(smem + (sL - sK));
     const float* d_s = reinterpret_cast<const float*>(smem + (sD - sK));
 
-    const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, wg = warp >> 2, tg = tid & 127;
+    const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, tg = tid & 127;
+    const int wg = ws::warpgroup();  // warp-uniform to the compiler (operands chosen by wg: uniform registers)
     const int g = lane >> 2, t = lane & 3;
     if (tid == 0) init_ring<DQ>(q_map, k_map, v_map, do_map, dq_map, kv_bar, full, empty, STAGES, 8);  // consumer warps
     __syncthreads();

@@ -80,7 +80,8 @@ flash_fwd_tma(const __grid_constant__ tma::TensorMap q_map, const __grid_constan
     const unsigned q_bar = sV + STAGES * KV_BYTES + O_BYTES, full_k = q_bar + 8, full_v = full_k + 8 * STAGES,
                    empty_k = full_v + 8 * STAGES, empty_v = empty_k + 8 * STAGES, q_empty = empty_v + 8 * STAGES;
 
-    const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, wg = warp >> 2;
+    const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+    const int wg = ws::warpgroup();  // warp-uniform to the compiler: Q's wgmma descriptors live in uniform registers
     if (tid == 0) {
         tma::prefetch_map(q_map);
         tma::prefetch_map(k_map);
@@ -230,11 +231,11 @@ flash_fwd_tma(const __grid_constant__ tma::TensorMap q_map, const __grid_constan
             issue_qk<T, HEAD_DIM, BLOCK_M, BLOCK_N>(s_flat, q_wg, sK + stage * KV_BYTES);
         };
         auto issue_pv = [&](int stage) {  // O += P V of the tile in `stage`, one wgmma group (not waited for)
-            const unsigned v_st = sV + stage * KV_BYTES;
+            const unsigned v_lo = wgmma::desc_lo_mn_major(sV + stage * KV_BYTES, BLOCK_N * 128);
             wgmma::fence();
 #pragma unroll
             for (int kj = 0; kj < BLOCK_N / 16; ++kj)
-                wgmma::mma_rs_bt<T, HEAD_DIM>(o_flat, p[kj], wgmma::desc_mn_major(v_st + kj * 16 * 128, BLOCK_N * 128));
+                wgmma::mma_rs_bt<T, HEAD_DIM>(o_flat, p[kj], wgmma::desc_of(v_lo + kj * 128));  // 16 rows of 128 B
             wgmma::commit();
         };
         auto softmax = [&](int nb, float(&alpha)[2]) {  // masks and online softmax of S (tile nb), in place

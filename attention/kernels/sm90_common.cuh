@@ -38,10 +38,11 @@ __device__ __forceinline__ void issue_qk(float (&s)[BLOCK_N / 2], unsigned q_wg,
     for (int i = 0; i < BLOCK_N / 2; ++i) s[i] = 0.f;
     wgmma::fence_operands(s);
     wgmma::fence();
+    const unsigned q_lo = wgmma::desc_lo_k_major(q_wg), k_lo = wgmma::desc_lo_k_major(k_st);
 #pragma unroll
     for (int kk = 0; kk < HEAD_DIM / 16; ++kk)
-        wgmma::mma_ss<T, BLOCK_N>(s, wgmma::desc_k_major(q_wg + (kk >> 2) * (BLOCK_M * 128) + (kk & 3) * 32),
-                                  wgmma::desc_k_major(k_st + (kk >> 2) * (BLOCK_N * 128) + (kk & 3) * 32));
+        wgmma::mma_ss<T, BLOCK_N>(s, wgmma::desc_of(q_lo + (((kk >> 2) * (BLOCK_M * 128) + (kk & 3) * 32) >> 4)),
+                                  wgmma::desc_of(k_lo + (((kk >> 2) * (BLOCK_N * 128) + (kk & 3) * 32) >> 4)));
     wgmma::commit();
 }
 

@@ -36,7 +36,25 @@ __device__ __forceinline__ unsigned long long desc_mn_major(unsigned smem_byte_a
 // lies below 256 KiB, so the sum never carries out of it. A kernel that keeps one descriptor per tile and adds
 // constants per k-step holds 2 registers where per-step descriptors can take 2 per step.
 __device__ __forceinline__ unsigned long long advance(unsigned long long desc, unsigned bytes) {
-    return desc + (bytes >> 4);
+    // a 32-bit add on the low word (no carry to propagate: the compiler then keeps the high word as it is)
+    return (desc & 0xFFFFFFFF00000000ull) | (unsigned)((unsigned)desc + (bytes >> 4));
+}
+
+// The same descriptors as a low word (start address >> 4 and the leading offset) beside a constant high word
+// (stride 1024 B, SWIZZLE_128B). A loop that adds each k-step's offset (bytes >> 4) to one low word issues one
+// 32-bit add per operand per wgmma; rebuilding a descriptor from its address per k-step, or a 64-bit add, takes
+// three to six uniform-datapath instructions (the forward's consumers issued ~7 per wgmma: 16 % of their
+// instructions, docs/perf/attention.md v3.8). The start field cannot carry into the leading offset: shared
+// memory lies below 256 KiB, so start + offset stays under 2^14.
+constexpr unsigned DESC_HI = 64u | (1u << 30);
+__device__ __forceinline__ unsigned desc_lo_k_major(unsigned smem_byte_addr) {
+    return ((smem_byte_addr & 0x3FFFF) >> 4) | (1u << 16);
+}
+__device__ __forceinline__ unsigned desc_lo_mn_major(unsigned smem_byte_addr, unsigned block_bytes) {
+    return ((smem_byte_addr & 0x3FFFF) >> 4) | ((block_bytes >> 4) << 16);
+}
+__device__ __forceinline__ unsigned long long desc_of(unsigned lo) {
+    return ((unsigned long long)DESC_HI << 32) | lo;
 }
 
 __device__ __forceinline__ void fence() { asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory"); }
