@@ -136,7 +136,7 @@ flash_bwd_tma(const __grid_constant__ tma::TensorMap q_map, const __grid_constan
     const unsigned kv_bar = sD + STAGES * BLOCK_M * 4, full = kv_bar + 8, empty = full + 8 * STAGES;
 
     const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
-    const int wg = ws::warpgroup();  // warp-uniform to the compiler: K's and V's descriptors in uniform registers
+    const int wg = wgmma::warpgroup();  // warp-uniform to the compiler: K's and V's descriptors in uniform registers
     if (tid == 0) init_ring<DQ>(q_map, k_map, v_map, do_map, dq_map, kv_bar, full, empty, STAGES, 8);  // 8 consumers
     __syncthreads();
 
@@ -362,7 +362,7 @@ flash_bwd_tma_pair(const __grid_constant__ tma::TensorMap q_map, const __grid_co
     const float* d_s = reinterpret_cast<const float*>(smem + (sD - sK));
 
     const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, tg = tid & 127;
-    const int wg = ws::warpgroup();  // warp-uniform to the compiler (operands chosen by wg: uniform registers)
+    const int wg = warp >> 2;  // (wgmma::warpgroup() here: 4-8 B spilled with segments + window at head dim 256)
     const int g = lane >> 2, t = lane & 3;
     if (tid == 0) init_ring<DQ>(q_map, k_map, v_map, do_map, dq_map, kv_bar, full, empty, STAGES, 8);  // consumer warps
     __syncthreads();

@@ -51,7 +51,8 @@ flash_fwd_wgmma(const T* __restrict__ q, const T* __restrict__ k, const T* __res
     unsigned char* smem = smem_raw + (((raw0 + 1023) & ~1023u) - raw0);  // smem_bytes() reserves the slack
     const unsigned sQ = smem_addr(smem), sK = sQ + Q_BYTES, sV = sK + STAGES * KV_BYTES;
 
-    const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, wg = warp >> 2;
+    const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+    const int wg = wgmma::warpgroup();  // warp-uniform to the compiler: Q's descriptors in uniform registers
     const int g = lane >> 2, t = lane & 3;
     int m_block = gridDim.x - 1 - blockIdx.x;
     int b = blockIdx.z;
@@ -104,13 +105,14 @@ flash_fwd_wgmma(const T* __restrict__ q, const T* __restrict__ k, const T* __res
                                               window_right, kv_ids + (long long)b * seq_kv, qid, t);
         online_softmax<NT, DT, MASKED>(s, o_acc, row_max, row_sum, scale_log2);
 
+        const unsigned v_lo = wgmma::desc_lo_mn_major(v_st, BLOCK_N * 128);
         wgmma::fence();
 #pragma unroll
         for (int kj = 0; kj < BLOCK_N / 16; ++kj) {
             const unsigned a[4] = {pack2<T>(s[2 * kj][0], s[2 * kj][1]), pack2<T>(s[2 * kj][2], s[2 * kj][3]),
                                    pack2<T>(s[2 * kj + 1][0], s[2 * kj + 1][1]),
                                    pack2<T>(s[2 * kj + 1][2], s[2 * kj + 1][3])};
-            wgmma::mma_rs_bt<T, HEAD_DIM>(o_flat, a, wgmma::desc_mn_major(v_st + kj * 16 * 128, BLOCK_N * 128));
+            wgmma::mma_rs_bt<T, HEAD_DIM>(o_flat, a, wgmma::desc_of(v_lo + kj * 128));  // 16 rows of 128 B
         }
         wgmma::commit();
         wgmma::wait<0>();

@@ -240,13 +240,6 @@ template <int REGS> __device__ __forceinline__ void regs_inc() {
     asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;\n" ::"n"(REGS));
 }
 
-// The calling thread's warpgroup (threadIdx.x / 128) as a value the compiler knows to be the same in every lane of
-// the warp (a broadcast from lane 0): what is computed from it (shared-memory offsets, wgmma descriptors) can live
-// in uniform registers, where threadIdx.x / 128 leaves them in per-thread registers moved by R2UR before each wgmma.
-__device__ __forceinline__ int warpgroup() {
-    return __shfl_sync(0xffffffffu, static_cast<int>(threadIdx.x) >> 7, 0);
-}
-
 // Named barrier `id` (1..15; 0 is __syncthreads) over `threads` threads (a multiple of 32).
 __device__ __forceinline__ void bar_sync(int id, int threads) {
     asm volatile("bar.sync %0, %1;\n" ::"r"(id), "r"(threads) : "memory");

@@ -57,6 +57,13 @@ __device__ __forceinline__ unsigned long long desc_of(unsigned lo) {
     return ((unsigned long long)DESC_HI << 32) | lo;
 }
 
+// The calling thread's warpgroup (threadIdx.x / 128) as a value the compiler knows to be the same in every lane of
+// the warp (a broadcast from lane 0): what is computed from it (shared-memory offsets, wgmma descriptors) can live
+// in uniform registers, where threadIdx.x / 128 leaves them in per-thread registers moved by R2UR before each wgmma.
+__device__ __forceinline__ int warpgroup() {
+    return __shfl_sync(0xffffffffu, static_cast<int>(threadIdx.x) >> 7, 0);
+}
+
 __device__ __forceinline__ void fence() { asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory"); }
 __device__ __forceinline__ void commit() { asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory"); }
 template <int N> __device__ __forceinline__ void wait() {

@@ -383,7 +383,7 @@ moe_grouped_gemm_wgmma(const T* __restrict__ a, const T* __restrict__ b, TO* __r
         mma::cp_async_commit();
     }
 
-    const int wg = warp / 4;
+    const int wg = wgmma::warpgroup();  // warp-uniform to the compiler: the wgmma descriptors in uniform registers
     for (int kt = 0; kt < k_tiles; ++kt) {
         mma::cp_async_wait<STAGES - 2>();
         wgmma::fence_proxy_async();  // cp.async wrote through the generic proxy; wgmma reads through the async proxy
@@ -483,7 +483,8 @@ __device__ __forceinline__ void grouped_gemm_tma(const tma::TensorMap& a_map, co
     const unsigned full0 = epi0 + CW * EPI_BYTES, empty0 = full0 + 8 * STAGES;
     const unsigned ready0 = empty0 + 8 * STAGES, freed0 = ready0 + 16;  // CK > 1: per consumer warpgroup
 
-    const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31, wg = warp >> 2;
+    const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
+    const int wg = wgmma::warpgroup();  // warp-uniform to the compiler: the wgmma descriptors in uniform registers
     const int rank = CS > 1 ? (int)tma::cluster_rank() : 0;
     const int mrank = CM > 1 ? rank : 0;  // the CTA's m-tile in its pair
     // the work items: tiles, or with splits > 1 (no cluster along K) tile u / splits, split u % splits
