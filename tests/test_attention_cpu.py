@@ -121,6 +121,37 @@ def test_every_plannable_variant_compiles_without_spills(arch):
     assert not bad, "\n".join(bad)
 
 
+@pytest.mark.slow
+def test_wgmma_descriptors_stay_in_uniform_registers():
+    """docs/perf/attention.md v3.8: the Hopper kernels build their wgmma descriptors in uniform registers (the
+    warpgroup index from wgmma::warpgroup(), low-word adds), where per-thread descriptors cost R2UR moves before
+    every wgmma (forward +1-7 %, backward +1-3 % on an H100). Where nvdisasm is installed (the [sass] extra), the
+    SASS of a few planned instances keeps R2UR moves per wgmma under a bound between the two builds (per
+    instance, now / before: 0.08 / 0.71, 0.69 / 2.3, 0.24 / 2.4, 1.7 / 3.3)."""
+    import collections
+    import importlib.util
+    from pathlib import Path
+
+    tool_path = Path(__file__).resolve().parents[1] / "tools" / "sass.py"
+    spec = importlib.util.spec_from_file_location("sass_tool", tool_path)
+    sass = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(sass)
+    tool = sass.nvdisasm()
+    if tool is None:
+        pytest.skip("no nvdisasm here (pip install 'cukernels[sass]'): the SASS is not checked")
+    cases = [("flash_fwd_tma.cu", "flash_fwd_tma<__nv_bfloat16,64,128,2,false,0,1>", 0.3),
+             ("flash_fwd_tma.cu", "flash_fwd_tma<__nv_bfloat16,128,128,2,true,0,2,true>", 1.0),
+             ("flash_fwd_tma.cu", "flash_fwd_tma<__half,256,80,2,true,1,2>", 0.8),
+             ("flash_bwd_tma.cu", "flash_bwd_tma<__nv_bfloat16,128,64,2,0,true>", 2.2)]
+    bad = []
+    for source, expr, per_wgmma in cases:
+        ops = collections.Counter(sass.opcode(i) for _, i in
+                                  sass.disassemble(ccompile.cubin(api.KERNELS / source, expr, "sm_90a"), tool))
+        if not ops["HGMMA"] or ops["R2UR"] > per_wgmma * ops["HGMMA"]:
+            bad.append(f"{expr}: {ops['R2UR']} R2UR for {ops['HGMMA']} HGMMA (at most {per_wgmma} per HGMMA)")
+    assert not bad, "\n".join(bad)
+
+
 # ---------------------------------------------------------------- validation before any device work
 
 
