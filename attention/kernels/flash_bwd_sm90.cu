@@ -86,8 +86,7 @@ flash_bwd_dkdv_wgmma(const T* __restrict__ q, const T* __restrict__ k, const T* 
     float* sL = reinterpret_cast<float*>(smem + 2 * KV_BYTES + 2 * STAGES * Q_BYTES + (DQ ? BLOCK_N * BLOCK_M * 2 : 0));
     float* sD = sL + STAGES * BLOCK_M;
 
-    const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
-    const int wg = wgmma::warpgroup();  // warp-uniform to the compiler: K's and V's descriptors in uniform registers
+    const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, wg = warp >> 2;
     const int g = lane >> 2, t = lane & 3;
     int b = blockIdx.z;
     int nb, kvh;
@@ -237,8 +236,7 @@ flash_bwd_dkdv_wgmma_pair(const T* __restrict__ q, const T* __restrict__ k, cons
     float* sL = sP + MT * 4 * 128;
     float* sD = sL + STAGES * BLOCK_M;
 
-    const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, wtid = tid & 127;
-    const int wg = wgmma::warpgroup();  // warp-uniform to the compiler (descriptors in uniform registers)
+    const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, wg = warp >> 2, wtid = tid & 127;
     const int g = lane >> 2, t = lane & 3;
     int b = blockIdx.z;
     int nb, kvh;
