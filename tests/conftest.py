@@ -1,3 +1,6 @@
+import importlib.util
+from pathlib import Path
+
 import pytest
 
 from cukernels import device
@@ -14,3 +17,13 @@ def pytest_collection_modifyitems(config, items):
     for item in items:
         if "gpu" in item.keywords:
             item.add_marker(skip)
+
+
+@pytest.fixture(scope="session")
+def sass_tool():
+    """tools/sass.py as a module (it is a script, not a package module): nvdisasm(), disassemble(), opcode()."""
+    path = Path(__file__).resolve().parents[1] / "tools" / "sass.py"
+    spec = importlib.util.spec_from_file_location("sass_tool", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module

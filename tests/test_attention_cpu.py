@@ -122,20 +122,15 @@ def test_every_plannable_variant_compiles_without_spills(arch):
 
 
 @pytest.mark.slow
-def test_wgmma_descriptors_stay_in_uniform_registers():
+def test_wgmma_descriptors_stay_in_uniform_registers(sass_tool):
     """docs/perf/attention.md v3.8: the Hopper kernels build their wgmma descriptors in uniform registers (the
     warpgroup index from wgmma::warpgroup(), low-word adds), where per-thread descriptors cost R2UR moves before
     every wgmma (forward +1-7 %, backward +1-3 % on an H100). Where nvdisasm is installed (the [sass] extra), the
     SASS of a few planned instances keeps R2UR moves per wgmma under a bound between the two builds (per
     instance, now / before: 0.08 / 0.71, 0.69 / 2.3, 0.24 / 2.4, 1.7 / 3.3)."""
     import collections
-    import importlib.util
-    from pathlib import Path
 
-    tool_path = Path(__file__).resolve().parents[1] / "tools" / "sass.py"
-    spec = importlib.util.spec_from_file_location("sass_tool", tool_path)
-    sass = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(sass)
+    sass = sass_tool
     tool = sass.nvdisasm()
     if tool is None:
         pytest.skip("no nvdisasm here (pip install 'cukernels[sass]'): the SASS is not checked")

@@ -173,16 +173,11 @@ def test_instruction_counts_tell_refactors_from_changes(tmp_path):
     assert all(sum(grown[e].values()) > sum(base[e].values()) for e in exprs)
 
 
-def test_sass_tool_builds_the_engines_cubin_and_maps_offsets(tmp_path):
+def test_sass_tool_builds_the_engines_cubin_and_maps_offsets(tmp_path, sass_tool):
     """compile.cubin: the cubin of one instance as the engine builds it (an ELF, per instance); tools/sass.py: with
     nvdisasm there (PATH, $NVDISASM or the nvidia-cuda-nvdisasm wheel) its listing has one instruction per 16-byte
     offset, the kernel's stores among them, and --at prints the instruction at a sanitizer-style offset."""
-    import importlib.util
-
-    tool_path = Path(__file__).resolve().parents[1] / "tools" / "sass.py"
-    spec = importlib.util.spec_from_file_location("sass_tool", tool_path)
-    sass = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(sass)
+    sass = sass_tool
     a = compile.cubin(AXPY, "axpy<__half, 8>", "sm_90a")
     b = compile.cubin(AXPY, "axpy<__nv_bfloat16, 4>", "sm_90a")
     assert a[:4] == b[:4] == b"\x7fELF" and a != b

@@ -86,6 +86,7 @@ flash_bwd_dkdv_wgmma(const T* __restrict__ q, const T* __restrict__ k, const T* 
     float* sL = reinterpret_cast<float*>(smem + 2 * KV_BYTES + 2 * STAGES * Q_BYTES + (DQ ? BLOCK_N * BLOCK_M * 2 : 0));
     float* sD = sL + STAGES * BLOCK_M;
 
+    // (wgmma::warpgroup() for wg: 28-216 B spilled at 255 registers with segment masks, docs/perf/attention.md v3.8)
     const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, wg = warp >> 2;
     const int g = lane >> 2, t = lane & 3;
     int b = blockIdx.z;

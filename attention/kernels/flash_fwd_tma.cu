@@ -81,7 +81,7 @@ flash_fwd_tma(const __grid_constant__ tma::TensorMap q_map, const __grid_constan
                    empty_k = full_v + 8 * STAGES, empty_v = empty_k + 8 * STAGES, q_empty = empty_v + 8 * STAGES;
 
     const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
-    const int wg = wgmma::warpgroup();  // warp-uniform to the compiler: Q's wgmma descriptors live in uniform registers
+    const int wg = wgmma::warpgroup();  // warp-uniform to the compiler: Q's descriptors in uniform registers
     if (tid == 0) {
         tma::prefetch_map(q_map);
         tma::prefetch_map(k_map);

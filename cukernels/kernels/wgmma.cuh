@@ -19,42 +19,38 @@ __device__ __forceinline__ int blocked_offset(int row, int chunk) {
     return (chunk >> 3) * (ROWS * 128) + row * 128 + (((chunk & 7) ^ (row & 7)) << 4);
 }
 
-// K-major, 128-byte swizzle: start >> 4 (bits 0-13), leading offset unused by this layout (1), stride between
-// 8-row atoms 1024 B (bits 32-45), layout type SWIZZLE_128B (bits 62-63)
+// A descriptor as its low word (start address >> 4 in bits 0-13, leading offset in bits 16-29) beside a constant
+// high word (stride between 8-row atoms 1024 B in bits 32-45, layout type SWIZZLE_128B in bits 62-63). A loop that
+// adds each k-step's offset (bytes >> 4) to one low word issues one 32-bit add per operand per wgmma; rebuilding a
+// descriptor from its address per k-step, or a 64-bit add, takes three to six uniform-datapath instructions (the
+// forward's consumers issued ~7 per wgmma: 16 % of their instructions, docs/perf/attention.md v3.8). The start
+// field cannot carry into the leading offset: shared memory lies below 256 KiB, so start + offset stays under 2^14.
+constexpr unsigned DESC_HI = 64u | (1u << 30);
+__device__ __forceinline__ unsigned long long desc_of(unsigned lo) {
+    return ((unsigned long long)DESC_HI << 32) | lo;
+}
+
+// K-major, 128-byte swizzle: the leading offset is unused by this layout (1)
+__device__ __forceinline__ unsigned desc_lo_k_major(unsigned smem_byte_addr) {
+    return ((smem_byte_addr & 0x3FFFF) >> 4) | (1u << 16);
+}
 __device__ __forceinline__ unsigned long long desc_k_major(unsigned smem_byte_addr) {
-    return (unsigned long long)((smem_byte_addr & 0x3FFFF) >> 4) | (1ull << 16) | (64ull << 32) | (1ull << 62);
+    return desc_of(desc_lo_k_major(smem_byte_addr));
 }
 
 // MN-major, 128-byte swizzle: leading offset = bytes between consecutive 64-element blocks along M/N,
 // stride offset = bytes between consecutive 8-row atoms along K (1024)
-__device__ __forceinline__ unsigned long long desc_mn_major(unsigned smem_byte_addr, unsigned block_bytes) {
-    return (unsigned long long)((smem_byte_addr & 0x3FFFF) >> 4) | ((unsigned long long)(block_bytes >> 4) << 16) |
-           (64ull << 32) | (1ull << 62);
-}
-
-// The descriptor of the tile `bytes` further on: the start address field counts 16-byte units and shared memory
-// lies below 256 KiB, so the sum never carries out of it. A kernel that keeps one descriptor per tile and adds
-// constants per k-step holds 2 registers where per-step descriptors can take 2 per step.
-__device__ __forceinline__ unsigned long long advance(unsigned long long desc, unsigned bytes) {
-    // a 32-bit add on the low word (no carry to propagate: the compiler then keeps the high word as it is)
-    return (desc & 0xFFFFFFFF00000000ull) | (unsigned)((unsigned)desc + (bytes >> 4));
-}
-
-// The same descriptors as a low word (start address >> 4 and the leading offset) beside a constant high word
-// (stride 1024 B, SWIZZLE_128B). A loop that adds each k-step's offset (bytes >> 4) to one low word issues one
-// 32-bit add per operand per wgmma; rebuilding a descriptor from its address per k-step, or a 64-bit add, takes
-// three to six uniform-datapath instructions (the forward's consumers issued ~7 per wgmma: 16 % of their
-// instructions, docs/perf/attention.md v3.8). The start field cannot carry into the leading offset: shared
-// memory lies below 256 KiB, so start + offset stays under 2^14.
-constexpr unsigned DESC_HI = 64u | (1u << 30);
-__device__ __forceinline__ unsigned desc_lo_k_major(unsigned smem_byte_addr) {
-    return ((smem_byte_addr & 0x3FFFF) >> 4) | (1u << 16);
-}
 __device__ __forceinline__ unsigned desc_lo_mn_major(unsigned smem_byte_addr, unsigned block_bytes) {
     return ((smem_byte_addr & 0x3FFFF) >> 4) | ((block_bytes >> 4) << 16);
 }
-__device__ __forceinline__ unsigned long long desc_of(unsigned lo) {
-    return ((unsigned long long)DESC_HI << 32) | lo;
+__device__ __forceinline__ unsigned long long desc_mn_major(unsigned smem_byte_addr, unsigned block_bytes) {
+    return desc_of(desc_lo_mn_major(smem_byte_addr, block_bytes));
+}
+
+// The descriptor of the tile `bytes` further on, for kernels that keep 64-bit descriptors: a 32-bit add on the low
+// word (no carry to propagate, as above: the compiler then keeps the high word as it is).
+__device__ __forceinline__ unsigned long long advance(unsigned long long desc, unsigned bytes) {
+    return (desc & 0xFFFFFFFF00000000ull) | (unsigned)((unsigned)desc + (bytes >> 4));
 }
 
 // The calling thread's warpgroup (threadIdx.x / 128) as a value the compiler knows to be the same in every lane of
