@@ -23,6 +23,8 @@
 //     waits until K's slot of stage j % STAGES is free (empty_k: every consumer's Q K^T of the tile that held it
 //     is done) and loads K (full_k), then the same for V (empty_v after every consumer's P V; full_v); each
 //     barrier is told the bytes it must see first. K is freed a GEMM earlier than V, so the next K arrives sooner.
+//     The first tile's Q and first K/V stage are issued by that same thread right after it initialises the
+//     barriers, before the CTA-wide __syncthreads (not for packed batches, whose tile lookup is a warp scan).
 //   warpgroups 1.., the consumers (setmaxnreg 232 with two, 160 with three, 224 with one: the CTA's registers
 //     split so that the producer keeps 32): consumer c owns query rows [64 c, 64 c + 64). Per tile:
 //       S(j+1) = Q K(j+1)^T      issued (wgmma m64n{BLOCK_N}k16, both operands from shared memory)
@@ -82,22 +84,6 @@ flash_fwd_tma(const __grid_constant__ tma::TensorMap q_map, const __grid_constan
 
     const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
     const int wg = wgmma::warpgroup();  // warp-uniform to the compiler: Q's descriptors in uniform registers
-    if (tid == 0) {
-        tma::prefetch_map(q_map);
-        tma::prefetch_map(k_map);
-        tma::prefetch_map(v_map);
-        tma::mbar_init(q_bar, 1);
-        for (int s = 0; s < STAGES; ++s) {
-            tma::mbar_init(full_k + 8 * s, 1);
-            tma::mbar_init(full_v + 8 * s, 1);
-            tma::mbar_init(empty_k + 8 * s, CONSUMERS);
-            tma::mbar_init(empty_v + 8 * s, CONSUMERS);
-        }
-        if constexpr (PERSISTENT) tma::mbar_init(q_empty, CONSUMERS);
-        tma::fence_mbar_init();
-    }
-    __syncthreads();
-    pdl::enter();  // set up: from here on the previous kernel's outputs are read and ours written
 
     // ---- the CTA's query tiles. One per CTA: (gridDim.x - 1 - blockIdx.x, blockIdx.y, blockIdx.z), heaviest
     // (last) query tiles first; with by_weight (a causal mask whose K/V fit L2: attention/configs.py tile_order)
@@ -166,6 +152,53 @@ flash_fwd_tma(const __grid_constant__ tma::TensorMap q_map, const __grid_constan
                                                       tl.m_block, m_tiles);
     };
 
+    // Set up by thread 0, which is also the producer's loading lane: the barriers, then (not for a packed batch,
+    // whose tile lookup is a warp scan) the first tile's Q and its first K/V stage, issued before the CTA-wide
+    // barrier so that the CTA's first memory trips start while the other warps arrive.
+    constexpr bool EARLY = !VARLEN;
+    if (tid == 0) {
+        tma::prefetch_map(q_map);
+        tma::prefetch_map(k_map);
+        tma::prefetch_map(v_map);
+        tma::mbar_init(q_bar, 1);
+        for (int s = 0; s < STAGES; ++s) {
+            tma::mbar_init(full_k + 8 * s, 1);
+            tma::mbar_init(full_v + 8 * s, 1);
+            tma::mbar_init(empty_k + 8 * s, CONSUMERS);
+            tma::mbar_init(empty_v + 8 * s, CONSUMERS);
+        }
+        if constexpr (PERSISTENT) tma::mbar_init(q_empty, CONSUMERS);
+        tma::fence_mbar_init();
+        if constexpr (EARLY) {
+            pdl::wait();
+            Tile tl;
+            if (tile_at(0, tl)) {
+                const int m0 = tl.m_block * BLOCK_M;
+                const auto tiles = kv_tiles(tl);
+                const int kv_head = tl.head / kv_group;
+                tma::mbar_arrive_expect_tx(q_bar, Q_BYTES);
+#pragma unroll
+                for (int c = 0; c < BLOCKS; ++c)
+                    tma::load_4d(sQ + c * (BLOCK_M * 128), q_map, q_bar, 64 * c, tl.q_row0 + m0, tl.head, tl.b);
+                const int nb = tiles.next_visible(tiles.nb_min);
+                if (nb < tiles.nb_max) {
+                    tma::mbar_arrive_expect_tx(full_k, KV_BYTES);
+#pragma unroll
+                    for (int c = 0; c < BLOCKS; ++c)
+                        tma::load_4d(sK + c * (BLOCK_N * 128), k_map, full_k, 64 * c, tl.kv_row0 + nb * BLOCK_N, kv_head,
+                                     tl.b);
+                    tma::mbar_arrive_expect_tx(full_v, KV_BYTES);
+#pragma unroll
+                    for (int c = 0; c < BLOCKS; ++c)
+                        tma::load_4d(sV + c * (BLOCK_N * 128), v_map, full_v, 64 * c, tl.kv_row0 + nb * BLOCK_N, kv_head,
+                                     tl.b);
+                }
+            }
+        }
+    }
+    __syncthreads();
+    pdl::enter();  // set up: from here on the previous kernel's outputs are read and ours written
+
     if (wg == 0) {  // ---------------------------------------------------------------- producer
         ws::regs_dec<32>();
         // warp 0 looks its tile up together (a packed batch's lookup is a warp scan), lane 0 loads; a persistent
@@ -179,11 +212,13 @@ flash_fwd_tma(const __grid_constant__ tma::TensorMap q_map, const __grid_constan
             const int m0 = tl.m_block * BLOCK_M;
             const auto tiles = kv_tiles(tl);
             const int kv_head = tl.head / kv_group;
-            if constexpr (PERSISTENT) tma::mbar_wait(q_empty, (i & 1) ^ 1);  // every consumer's last Q K^T done
-            tma::mbar_arrive_expect_tx(q_bar, Q_BYTES);
+            if (!EARLY || i > 0) {  // (the first tile's Q was issued at the start)
+                if constexpr (PERSISTENT) tma::mbar_wait(q_empty, (i & 1) ^ 1);  // every consumer's last Q K^T done
+                tma::mbar_arrive_expect_tx(q_bar, Q_BYTES);
 #pragma unroll
-            for (int c = 0; c < BLOCKS; ++c)
-                tma::load_4d(sQ + c * (BLOCK_M * 128), q_map, q_bar, 64 * c, tl.q_row0 + m0, tl.head, tl.b);
+                for (int c = 0; c < BLOCKS; ++c)
+                    tma::load_4d(sQ + c * (BLOCK_M * 128), q_map, q_bar, 64 * c, tl.q_row0 + m0, tl.head, tl.b);
+            }
             for (int nb = tiles.next_visible(tiles.nb_min); nb < tiles.nb_max; nb = tiles.next_visible(nb + 1), ++j) {
                 const int s = j % STAGES;
                 // K, then V: wait until the slot is free, announce the bytes, one copy per 64-column block
@@ -195,6 +230,7 @@ flash_fwd_tma(const __grid_constant__ tma::TensorMap q_map, const __grid_constan
                         tma::load_4d(dst + s * KV_BYTES + c * (BLOCK_N * 128), map, full_bars + 8 * s, 64 * c,
                                      tl.kv_row0 + nb * BLOCK_N, kv_head, tl.b);
                 };
+                if (EARLY && j == 0) continue;  // the first stage was issued at the start
                 load(sK, k_map, empty_k, full_k);
                 load(sV, v_map, empty_v, full_v);
             }
