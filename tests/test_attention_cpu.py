@@ -125,8 +125,8 @@ def test_every_plannable_variant_compiles_without_spills(arch):
 def test_wgmma_descriptors_stay_in_uniform_registers(sass_tool):
     """docs/perf/attention.md v3.8: the Hopper kernels build their wgmma descriptors in uniform registers (the
     warpgroup index from wgmma::warpgroup(), low-word adds), where per-thread descriptors cost R2UR moves before
-    every wgmma (forward +1-7 %, backward +1-3 % on an H100). Where nvdisasm is installed (the [test] and [sass] extras), the
-    SASS of a few planned instances keeps R2UR moves per wgmma under a bound between the two builds (per
+    every wgmma (forward +1-7 %, backward +1-3 % on an H100). Where nvdisasm is installed (the [test] and [sass]
+    extras), the SASS of a few planned instances keeps R2UR moves per wgmma under a bound between the two builds (per
     instance, now / before: 0.04 / 0.71, 0.66 / 2.3, 0.24 / 2.4, 1.7 / 3.1). Counted after the CTA-wide setup
     barrier (`BAR.SYNC ... 0x0`): the setup's one thread, which issues the first TMA copies (v3.9), moves its tile
     coordinates into uniform registers once per CTA, not per wgmma."""

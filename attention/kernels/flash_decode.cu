@@ -148,6 +148,24 @@ __device__ __forceinline__ void decode_body(DECODE_PARAMS) {
     // the Q tile does not depend on the sequence length: its copies go out before the length is read
     load_q();
     cp_async_commit();
+    // Contiguous cache with no window start (window_left >= capacity: k_begin is then split_begin whatever the
+    // length): the first K/V stage's copies go out before the length is read too, bounded by the split and the
+    // cache instead of the sequence (its rows past the sequence are zeroed once they land, below), so the length
+    // and the first keys cost one trip to memory, not two.
+    const int split_end = min((split + 1) * split_keys, capacity);
+    const bool early_kv = !PAGED && window_left >= capacity;
+    if (early_kv) {  // stage 0 into ring slot 0, as load_kv below with the bound split_end
+#pragma unroll
+        for (int it = 0; it < KEYS * CHUNKS / THREADS; ++it) {
+            const int i = it * THREADS + tid;
+            const int row = i / CHUNKS, ch = i % CHUNKS;
+            const int j = split_begin + row;
+            const bool ok = j < split_end;
+            const int2 at = make_int2(b, ok ? j : 0);
+            cp_async16(smem_addr(sK + swizzled<HEAD_DIM>(row, ch)), kb + row_offset(at, k_sb, k_ss) + ch * 8, ok);
+            cp_async16(smem_addr(sV + swizzled<HEAD_DIM>(row, ch)), vb + row_offset(at, v_sb, v_ss) + ch * 8, ok);
+        }
+    }
     const int len = min(__ldg(cache_seqlens + b) + seqlen_new, capacity);  // clamped: never past the cache
     const int shift = len - seq_q;                                         // query i sits at key i + shift
 
@@ -187,14 +205,13 @@ __device__ __forceinline__ void decode_body(DECODE_PARAMS) {
     auto group_page = [&](int stage_idx, int grp) {  // the page id of a group, 0 past the split's keys
         return page_at(k_begin + stage_idx * KEYS + grp * 16, k_end);
     };
-    auto load_kv = [&](int stage_idx, int ring) {
-        const int j0 = k_begin + stage_idx * KEYS;
+    auto load_kv = [&](int stage_idx, int ring, int j0, int bound) {
 #pragma unroll
         for (int it = 0; it < KEYS * CHUNKS / THREADS; ++it) {
             const int i = it * THREADS + tid;
             const int row = i / CHUNKS, ch = i % CHUNKS;
             const int j = j0 + row;
-            const bool ok = j < k_end;
+            const bool ok = j < bound;
             long long off, voff;
             if constexpr (PAGED) {
                 const long long* from = s_off[stage_idx % OFF_RING];
@@ -223,7 +240,9 @@ __device__ __forceinline__ void decode_body(DECODE_PARAMS) {
     int next_load = 0, load_ring = 0;
 #pragma unroll
     for (int s = 0; s < STAGES - 1; ++s) {
-        if (next_load < n_stages) load_kv(next_load++, load_ring);
+        if (next_load < n_stages && !(early_kv && next_load == 0))  // (stage 0 went out early)
+            load_kv(next_load, load_ring, k_begin + next_load * KEYS, k_end);
+        if (next_load < n_stages) ++next_load;
         cp_async_commit();
         load_ring = load_ring + 1 == STAGES ? 0 : load_ring + 1;
     }
@@ -258,6 +277,19 @@ __device__ __forceinline__ void decode_body(DECODE_PARAMS) {
     for (int st = 0; st < n_stages; ++st) {
         const int ring = st % STAGES;
         cp_async_wait<STAGES - 2>();
+        if (early_kv && st == 0 && k_end < split_begin + KEYS) {  // the early stage's rows past the keys: zeros, as
+            // the copies bounded by k_end would have left them (this thread's own copies, landed with the wait)
+#pragma unroll
+            for (int it = 0; it < KEYS * CHUNKS / THREADS; ++it) {
+                const int i = it * THREADS + tid;
+                const int row = i / CHUNKS, ch = i % CHUNKS;
+                if (split_begin + row >= k_end) {
+                    const uint4 z = make_uint4(0, 0, 0, 0);
+                    *reinterpret_cast<uint4*>(sK + swizzled<HEAD_DIM>(row, ch)) = z;
+                    *reinterpret_cast<uint4*>(sV + swizzled<HEAD_DIM>(row, ch)) = z;
+                }
+            }
+        }
         __syncthreads();
         if constexpr (PAGED) {
             if (tid < WARPS) {  // stage st + STAGES's offsets (copied next iteration), then the page after
@@ -265,7 +297,7 @@ __device__ __forceinline__ void decode_body(DECODE_PARAMS) {
                 next_pid = group_page(st + STAGES + 1, tid);
             }
         }
-        if (next_load < n_stages) load_kv(next_load++, load_ring);
+        if (next_load < n_stages) load_kv(next_load, load_ring, k_begin + next_load * KEYS, k_end), ++next_load;
         cp_async_commit();
         load_ring = load_ring + 1 == STAGES ? 0 : load_ring + 1;
 

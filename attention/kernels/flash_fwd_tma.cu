@@ -185,13 +185,13 @@ flash_fwd_tma(const __grid_constant__ tma::TensorMap q_map, const __grid_constan
                     tma::mbar_arrive_expect_tx(full_k, KV_BYTES);
 #pragma unroll
                     for (int c = 0; c < BLOCKS; ++c)
-                        tma::load_4d(sK + c * (BLOCK_N * 128), k_map, full_k, 64 * c, tl.kv_row0 + nb * BLOCK_N, kv_head,
-                                     tl.b);
+                        tma::load_4d(sK + c * (BLOCK_N * 128), k_map, full_k, 64 * c, tl.kv_row0 + nb * BLOCK_N,
+                                     kv_head, tl.b);
                     tma::mbar_arrive_expect_tx(full_v, KV_BYTES);
 #pragma unroll
                     for (int c = 0; c < BLOCKS; ++c)
-                        tma::load_4d(sV + c * (BLOCK_N * 128), v_map, full_v, 64 * c, tl.kv_row0 + nb * BLOCK_N, kv_head,
-                                     tl.b);
+                        tma::load_4d(sV + c * (BLOCK_N * 128), v_map, full_v, 64 * c, tl.kv_row0 + nb * BLOCK_N,
+                                     kv_head, tl.b);
                 }
             }
         }
