@@ -154,57 +154,12 @@ __device__ __forceinline__ void decode_body(DECODE_PARAMS) {
     // and the first keys cost one trip to memory, not two.
     const int split_end = min((split + 1) * split_keys, capacity);
     const bool early_kv = !PAGED && window_left >= capacity;
-    if (early_kv) {  // stage 0 into ring slot 0, as load_kv below with the bound split_end
-#pragma unroll
-        for (int it = 0; it < KEYS * CHUNKS / THREADS; ++it) {
-            const int i = it * THREADS + tid;
-            const int row = i / CHUNKS, ch = i % CHUNKS;
-            const int j = split_begin + row;
-            const bool ok = j < split_end;
-            const int2 at = make_int2(b, ok ? j : 0);
-            cp_async16(smem_addr(sK + swizzled<HEAD_DIM>(row, ch)), kb + row_offset(at, k_sb, k_ss) + ch * 8, ok);
-            cp_async16(smem_addr(sV + swizzled<HEAD_DIM>(row, ch)), vb + row_offset(at, v_sb, v_ss) + ch * 8, ok);
-        }
-    }
-    const int len = min(__ldg(cache_seqlens + b) + seqlen_new, capacity);  // clamped: never past the cache
-    const int shift = len - seq_q;                                         // query i sits at key i + shift
-
-    // keys this CTA reads: its split, clipped to the sequence and to what its rows can see
-    const int first_q = r0 / kv_group, last_q = min(r0 + 15, rows - 1) / kv_group;
-    int k_begin = max(split_begin, first_q + shift - window_left);
-    int k_end = min(min(len, (split + 1) * split_keys), last_q + shift + window_right + 1);
-    k_begin = max(k_begin, 0);
-    // a paged cache is read in groups of 16 keys that start on a multiple of 16, so a group never straddles a
-    // page (pages hold a multiple of 16 keys); the keys moved in below a window's start are masked by lo[]
-    if constexpr (PAGED) k_begin &= ~15;
-    const int n_stages = k_end > k_begin ? (k_end - k_begin + KEYS - 1) / KEYS : 0;
-
-    // o's column for the kernel's column c of packed row gr, or -1 where the row keeps nothing (PAIR)
-    auto out_col = [&](int gr, int c) {
-        if constexpr (PAIR) {
-            const int half = (gr % kv_group) / (kv_group / 2);
-            return c / OUT_DIM == half ? c - half * OUT_DIM : -1;
-        } else {
-            return c;
-        }
-    };
     // Paged: the K and V offsets of each 16-key group of a stage, looked up once per group (not per 16-byte
     // chunk) by lanes 0..WARPS-1 of warp 0, into a ring of OFF_RING stages: stage L's lookups are stored in the
     // iteration that issues stage L - 1's copies, from a page id read in the iteration before, so no copy waits
     // on the block table and no thread divides by the page size per chunk.
     constexpr int OFF_RING = STAGES + 1;
     __shared__ long long s_off[PAGED ? OFF_RING : 1][PAGED ? 2 * WARPS : 1];
-    auto store_offsets = [&](int stage_idx, int grp, int raw_pid) {
-        const int j = k_begin + stage_idx * KEYS + grp * 16;
-        const long long slot = j % page;
-        const int pid = clamp_page(raw_pid, num_pages);
-        long long* to = s_off[stage_idx % OFF_RING];
-        to[grp] = pid * k_sb + slot * k_ss;
-        to[WARPS + grp] = pid * v_sb + slot * v_ss;
-    };
-    auto group_page = [&](int stage_idx, int grp) {  // the page id of a group, 0 past the split's keys
-        return page_at(k_begin + stage_idx * KEYS + grp * 16, k_end);
-    };
     auto load_kv = [&](int stage_idx, int ring, int j0, int bound) {
 #pragma unroll
         for (int it = 0; it < KEYS * CHUNKS / THREADS; ++it) {
@@ -227,6 +182,40 @@ __device__ __forceinline__ void decode_body(DECODE_PARAMS) {
         }
     };
 
+    if (early_kv) load_kv(0, 0, split_begin, split_end);  // stage 0 into ring slot 0, bounded by the split
+    const int len = min(__ldg(cache_seqlens + b) + seqlen_new, capacity);  // clamped: never past the cache
+    const int shift = len - seq_q;                                         // query i sits at key i + shift
+
+    // keys this CTA reads: its split, clipped to the sequence and to what its rows can see
+    const int first_q = r0 / kv_group, last_q = min(r0 + 15, rows - 1) / kv_group;
+    int k_begin = max(split_begin, first_q + shift - window_left);
+    int k_end = min(min(len, (split + 1) * split_keys), last_q + shift + window_right + 1);
+    k_begin = max(k_begin, 0);
+    // a paged cache is read in groups of 16 keys that start on a multiple of 16, so a group never straddles a
+    // page (pages hold a multiple of 16 keys); the keys moved in below a window's start are masked by lo[]
+    if constexpr (PAGED) k_begin &= ~15;
+    const int n_stages = k_end > k_begin ? (k_end - k_begin + KEYS - 1) / KEYS : 0;
+
+    // o's column for the kernel's column c of packed row gr, or -1 where the row keeps nothing (PAIR)
+    auto out_col = [&](int gr, int c) {
+        if constexpr (PAIR) {
+            const int half = (gr % kv_group) / (kv_group / 2);
+            return c / OUT_DIM == half ? c - half * OUT_DIM : -1;
+        } else {
+            return c;
+        }
+    };
+    auto store_offsets = [&](int stage_idx, int grp, int raw_pid) {
+        const int j = k_begin + stage_idx * KEYS + grp * 16;
+        const long long slot = j % page;
+        const int pid = clamp_page(raw_pid, num_pages);
+        long long* to = s_off[stage_idx % OFF_RING];
+        to[grp] = pid * k_sb + slot * k_ss;
+        to[WARPS + grp] = pid * v_sb + slot * v_ss;
+    };
+    auto group_page = [&](int stage_idx, int grp) {  // the page id of a group, 0 past the split's keys
+        return page_at(k_begin + stage_idx * KEYS + grp * 16, k_end);
+    };
     if constexpr (PAGED) {
         // the first STAGES stages' offsets (a window that moved the start reads its groups again), stage
         // STAGES's page id into a register
