@@ -328,6 +328,25 @@ def test_tma_kernel(case):
         _check(q, k, v, dtype, plan=plan, **opts)
 
 
+@pytest.mark.parametrize("dim", [64, 128, 256])
+@pytest.mark.parametrize("dtype", ["fp16", "bf16"])
+@pytest.mark.parametrize("causal", [False, True])
+def test_tma_kernel_row_max_jumps(dim, dtype, causal):
+    """Lazy rescaling (docs/perf/attention.md v3.10): the TMA forward keeps a row's old max while it grows by at most
+    2^8 and rescales O only past that. Keys whose scores jump by far more than that from one K/V tile to a later
+    one (K scaled by 8 and then 40 over the sequence), and tiles whose max stays or falls, on every TMA tile."""
+    import cupy
+
+    q, k, v = _inputs(1, 700, 700, 4, 2, dim, dtype, seed=dim + len(dtype) + causal)
+    gain = np.ones(700, dtype=np.float32)
+    gain[200:400], gain[400:] = 8.0, 40.0
+    gain[600:] = 0.5  # and a fall after the jumps
+    dt = dtypes.from_name(dtype)
+    k = dtypes.from_float32(dtypes.to_float32(k) * cupy.asarray(gain)[None, :, None, None], dt)
+    for plan in _tma_plans(dim):
+        _check(q, k, v, dtype, plan=plan, causal=causal)
+
+
 @pytest.mark.parametrize("case", SEGMENT_CASES, ids=[f"seg{c[6]}_s{c[1]}_d{c[4]}_{c[5]}_{len(c[7])}" for c in SEGMENT_CASES])
 def test_tma_kernel_segments(case):
     import cupy

@@ -182,7 +182,14 @@ __device__ __forceinline__ void mask_scores(float (&acc)[NT][4], int n0, int q_a
 // alpha (softmax_update) or applied at once (online_softmax); row sums stay thread-partial (the quad reduction
 // happens once, at the end). A row with nothing visible yet keeps max -inf and subtracts 0 instead, so exp2
 // gives 0, not NaN. The split lets a kernel compute this tile's P while the previous P @ V still accumulates.
-template <int NT, bool MASKED>
+//
+// LAZY (FlashAttention-4's conditional rescaling): a row whose max grew by at most LAZY_RESCALE_LOG2 (in log2 units)
+// keeps its old max as the reference, so alpha is exactly 1 and the caller may skip rescaling O; its exponentials
+// are then at most 2^LAZY_RESCALE_LOG2, which the fp32 sums and the 16-bit P hold with the same relative precision.
+// The LSE (finish_row) uses the reference max the sums were taken against, so it stays exact.
+constexpr float LAZY_RESCALE_LOG2 = 8.f;
+
+template <int NT, bool MASKED, bool LAZY = false>
 __device__ __forceinline__ void softmax_update(float (&s)[NT][4], float (&row_max)[2], float (&row_sum)[2],
                                                float scale_log2, float (&alpha)[2]) {
 #pragma unroll
@@ -191,8 +198,11 @@ __device__ __forceinline__ void softmax_update(float (&s)[NT][4], float (&row_ma
 #pragma unroll
         for (int nt = 0; nt < NT; ++nt) mx = fmaxf(mx, fmaxf(s[nt][2 * h], s[nt][2 * h + 1]));
         mx = quad_max(mx);
+        // (false for a row with nothing visible so far, max -inf: the difference is +inf or NaN)
+        const bool keep = LAZY && (mx - row_max[h]) * scale_log2 <= LAZY_RESCALE_LOG2;
+        if (keep) mx = row_max[h];
         const float base = (MASKED && mx == neg_inf()) ? 0.f : mx * scale_log2;
-        alpha[h] = exp2_approx(row_max[h] * scale_log2 - base);
+        alpha[h] = keep ? 1.f : exp2_approx(row_max[h] * scale_log2 - base);
         row_max[h] = mx;
         float sum = 0.f;
 #pragma unroll
