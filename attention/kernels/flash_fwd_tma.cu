@@ -30,7 +30,8 @@
 //       S(j+1) = Q K(j+1)^T      issued (wgmma m64n{BLOCK_N}k16, both operands from shared memory)
 //       O += P(j) V(j)           issued (P from registers, V MN-major in shared memory)
 //       wait for S(j+1), release K(j+1); masks and softmax of S(j+1) (new max, exponentials, row sums) while
-//       P V runs; wait for P V, release V(j); O *= alpha(j+1); P(j+1) = S(j+1) rounded to T.
+//       P V runs; wait for P V, release V(j); O *= alpha(j+1) (with two or three consumers only where a row's
+//       max grew past 2^8: lazy rescaling, softmax_update); P(j+1) = S(j+1) rounded to T.
 //   The accumulator registers of an in-flight group are pinned (wgmma::fence_operands) so the compiler does not
 //   move their updates across the waits.
 // Epilogue: each consumer stages O / l in its own rows of Q's space (the blocked, swizzled layout; its last read
