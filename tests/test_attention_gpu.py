@@ -164,6 +164,42 @@ def test_tma_persistent_tile_orders(monkeypatch, dim):
     api._FORWARD.clear()
 
 
+@pytest.mark.parametrize("dim", [64, 128])
+def test_tma_persistent_first_tile_without_keys(monkeypatch, dim):
+    """A persistent CTA whose first query tile sees no key (causal, seq_q > seq_kv: the first rows see none) and
+    whose next tile does: thread 0 issues a tile's first K/V stage before the setup barrier only where the tile has
+    one, and the producer then loads the next tile's first stage itself (docs/perf/attention.md v3.9). Head by head
+    order (the one that puts such a tile first on a CTA); equal to the reference and bitwise to one tile per CTA."""
+    import dataclasses
+
+    import cupy
+
+    from attention import api, flash_attention
+    from cukernels import device, tune
+
+    plans = [p for p in _tma_plans(dim) if p.config.persistent]
+    assert plans, "no persistent TMA tile fits this GPU"
+    seq_q, seq_kv, heads = 2048, 1536, 16
+    q, k, v = _inputs(1, seq_q, seq_kv, heads, 8, dim, "bf16", seed=dim + 23)
+    monkeypatch.setattr(api, "tile_order", lambda *a, **k: False)
+    for plan in plans:
+        bm, sms = plan.config.block_m, device.current().sm_count
+        n_m = -(-seq_q // bm)
+        tiles = n_m * heads
+        grid = min(tiles, sms)  # a persistent CTA per SM (flash_fwd_tma.cu)
+        sees_keys = lambda t: (n_m - 1 - t % n_m) * bm + bm - 1 + seq_kv - seq_q >= 0  # noqa: E731
+        # the kernel's order: round 0 of CTA c is tile c, round 1 tile 2 grid - 1 - c
+        assert any(not sees_keys(c) and 2 * grid - 1 - c < tiles and sees_keys(2 * grid - 1 - c) for c in range(grid))
+        single = tune.explicit(dataclasses.replace(plan.config, persistent=False), device.current())
+        api._FORWARD.clear()
+        o1, lse1 = flash_attention(q, k, v, return_lse=True, plan=single, causal=True)
+        api._FORWARD.clear()
+        o, lse = _check(q, k, v, "bf16", plan=plan, causal=True)
+        assert bool(cupy.array_equal(o.view(cupy.uint16), o1.view(cupy.uint16))), plan.config
+        assert bool(cupy.array_equal(lse, lse1)), plan.config
+    api._FORWARD.clear()
+
+
 @pytest.mark.parametrize("dim", [64, 128, 256])
 def test_tma_one_tile_orders(monkeypatch, dim):
     """One query tile per CTA launched by weight across heads (tile_order: the planner's choice under a causal mask
