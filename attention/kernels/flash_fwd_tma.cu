@@ -160,7 +160,6 @@ flash_fwd_tma(const __grid_constant__ tma::TensorMap q_map, const __grid_constan
     // whose tile lookup is a warp scan) the first tile's Q and its first K/V stage, issued before the CTA-wide
     // barrier so that the CTA's first memory trips start while the other warps arrive.
     constexpr bool EARLY = !VARLEN;
-    bool early_kv = false;  // thread 0: the first tile's first K/V stage went out here (it may have none visible)
     if (tid == 0) {
         tma::prefetch_map(q_map);
         tma::prefetch_map(k_map);
@@ -187,7 +186,6 @@ flash_fwd_tma(const __grid_constant__ tma::TensorMap q_map, const __grid_constan
                     tma::load_4d(sQ + c * (BLOCK_M * 128), q_map, q_bar, 64 * c, tl.q_row0 + m0, tl.head, tl.b);
                 const int nb = tiles.next_visible(tiles.nb_min);
                 if (nb < tiles.nb_max) {
-                    early_kv = true;
                     tma::mbar_arrive_expect_tx(full_k, KV_BYTES);
 #pragma unroll
                     for (int c = 0; c < BLOCKS; ++c)
@@ -236,9 +234,11 @@ flash_fwd_tma(const __grid_constant__ tma::TensorMap q_map, const __grid_constan
                         tma::load_4d(dst + s * KV_BYTES + c * (BLOCK_N * 128), map, full_bars + 8 * s, 64 * c,
                                      tl.kv_row0 + nb * BLOCK_N, kv_head, tl.b);
                 };
-                // the first stage was issued at the start, if the first tile had a visible one (a persistent
-                // CTA's first tile may have none: then its next tile's first load is j == 0 and goes out here)
-                if (EARLY && early_kv && j == 0) continue;
+                // the first tile's first stage was issued at the start (where it has one: a persistent CTA's first
+                // tile may see no key, and its next tile's first load, j == 0 with i > 0, goes out here). No flag
+                // carried over from the setup: a per-thread value live across __syncthreads cost the consumers their
+                // uniform-register descriptors (R2UR per wgmma: 3 -> 51 at d64, caught by the SASS test)
+                if (EARLY && i == 0 && j == 0) continue;
                 load(sK, k_map, empty_k, full_k);
                 load(sV, v_map, empty_v, full_v);
             }
