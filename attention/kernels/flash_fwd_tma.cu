@@ -156,6 +156,25 @@ flash_fwd_tma(const __grid_constant__ tma::TensorMap q_map, const __grid_constan
                                                       tl.m_block, m_tiles);
     };
 
+    // The copies, by the producer's loading lane: a tile's Q (one per 64-column block, on q_bar), and K or V of
+    // its K/V tile nb (KV head kv_head, worked out once per tile) into stage s (bytes announced on full_bars'
+    // barrier of the stage; the caller has waited for the slot to be free)
+    auto load_q = [&](const Tile& tl) {
+        tma::mbar_arrive_expect_tx(q_bar, Q_BYTES);
+#pragma unroll
+        for (int c = 0; c < BLOCKS; ++c)
+            tma::load_4d(sQ + c * (BLOCK_M * 128), q_map, q_bar, 64 * c, tl.q_row0 + tl.m_block * BLOCK_M, tl.head,
+                         tl.b);
+    };
+    auto load_kv = [&](unsigned dst, const tma::TensorMap& map, unsigned full_bars, const Tile& tl, int kv_head,
+                       int nb, int s) {
+        tma::mbar_arrive_expect_tx(full_bars + 8 * s, KV_BYTES);
+#pragma unroll
+        for (int c = 0; c < BLOCKS; ++c)
+            tma::load_4d(dst + s * KV_BYTES + c * (BLOCK_N * 128), map, full_bars + 8 * s, 64 * c,
+                         tl.kv_row0 + nb * BLOCK_N, kv_head, tl.b);
+    };
+
     // Set up by thread 0, which is also the producer's loading lane: the barriers, then (not for a packed batch,
     // whose tile lookup is a warp scan) the first tile's Q and its first K/V stage, issued before the CTA-wide
     // barrier so that the CTA's first memory trips start while the other warps arrive.
@@ -177,25 +196,12 @@ flash_fwd_tma(const __grid_constant__ tma::TensorMap q_map, const __grid_constan
             pdl::wait();
             Tile tl;
             if (tile_at(0, tl)) {
-                const int m0 = tl.m_block * BLOCK_M;
+                load_q(tl);
                 const auto tiles = kv_tiles(tl);
-                const int kv_head = tl.head / kv_group;
-                tma::mbar_arrive_expect_tx(q_bar, Q_BYTES);
-#pragma unroll
-                for (int c = 0; c < BLOCKS; ++c)
-                    tma::load_4d(sQ + c * (BLOCK_M * 128), q_map, q_bar, 64 * c, tl.q_row0 + m0, tl.head, tl.b);
                 const int nb = tiles.next_visible(tiles.nb_min);
-                if (nb < tiles.nb_max) {
-                    tma::mbar_arrive_expect_tx(full_k, KV_BYTES);
-#pragma unroll
-                    for (int c = 0; c < BLOCKS; ++c)
-                        tma::load_4d(sK + c * (BLOCK_N * 128), k_map, full_k, 64 * c, tl.kv_row0 + nb * BLOCK_N,
-                                     kv_head, tl.b);
-                    tma::mbar_arrive_expect_tx(full_v, KV_BYTES);
-#pragma unroll
-                    for (int c = 0; c < BLOCKS; ++c)
-                        tma::load_4d(sV + c * (BLOCK_N * 128), v_map, full_v, 64 * c, tl.kv_row0 + nb * BLOCK_N,
-                                     kv_head, tl.b);
+                if (nb < tiles.nb_max) {  // stage 0's slots are free: nothing to wait for
+                    load_kv(sK, k_map, full_k, tl, tl.head / kv_group, nb, 0);
+                    load_kv(sV, v_map, full_v, tl, tl.head / kv_group, nb, 0);
                 }
             }
         }
@@ -213,26 +219,18 @@ flash_fwd_tma(const __grid_constant__ tma::TensorMap q_map, const __grid_constan
         for (int i = 0; tile_at(i, tl); ++i) {
             if constexpr (!PERSISTENT)
                 if (lane != 0) break;  // (one tile per CTA here)
-            const int m0 = tl.m_block * BLOCK_M;
             const auto tiles = kv_tiles(tl);
             const int kv_head = tl.head / kv_group;
             if (!EARLY || i > 0) {  // (the first tile's Q was issued at the start)
                 if constexpr (PERSISTENT) tma::mbar_wait(q_empty, (i & 1) ^ 1);  // every consumer's last Q K^T done
-                tma::mbar_arrive_expect_tx(q_bar, Q_BYTES);
-#pragma unroll
-                for (int c = 0; c < BLOCKS; ++c)
-                    tma::load_4d(sQ + c * (BLOCK_M * 128), q_map, q_bar, 64 * c, tl.q_row0 + m0, tl.head, tl.b);
+                load_q(tl);
             }
             for (int nb = tiles.next_visible(tiles.nb_min); nb < tiles.nb_max; nb = tiles.next_visible(nb + 1), ++j) {
                 const int s = j % STAGES;
-                // K, then V: wait until the slot is free, announce the bytes, one copy per 64-column block
+                // K, then V: wait until the slot is free, then the copies
                 auto load = [&](unsigned dst, const tma::TensorMap& map, unsigned empty_bars, unsigned full_bars) {
                     tma::mbar_wait(empty_bars + 8 * s, ((j / STAGES) & 1) ^ 1);
-                    tma::mbar_arrive_expect_tx(full_bars + 8 * s, KV_BYTES);
-#pragma unroll
-                    for (int c = 0; c < BLOCKS; ++c)
-                        tma::load_4d(dst + s * KV_BYTES + c * (BLOCK_N * 128), map, full_bars + 8 * s, 64 * c,
-                                     tl.kv_row0 + nb * BLOCK_N, kv_head, tl.b);
+                    load_kv(dst, map, full_bars, tl, kv_head, nb, s);
                 };
                 // the first tile's first stage was issued at the start (where it has one: a persistent CTA's first
                 // tile may see no key, and its next tile's first load, j == 0 with i > 0, goes out here). No flag
