@@ -286,7 +286,10 @@ __device__ __forceinline__ void decode_body(DECODE_PARAMS) {
                 next_pid = group_page(st + STAGES + 1, tid);
             }
         }
-        if (next_load < n_stages) load_kv(next_load, load_ring, k_begin + next_load * KEYS, k_end), ++next_load;
+        if (next_load < n_stages) {
+            load_kv(next_load, load_ring, k_begin + next_load * KEYS, k_end);
+            ++next_load;
+        }
         cp_async_commit();
         load_ring = load_ring + 1 == STAGES ? 0 : load_ring + 1;
 
