@@ -255,13 +255,16 @@ _TMA_CANDIDATES = {
 _TMA_PERSISTENT = {64: ((128, 2, 2, False),), 128: ((128, 2, 2, True),), 256: ()}
 # rows per second of a 192-row tile over a 128-row one at head dim 64 (H100, seed004_a, same run)
 _ROWS_192_GAIN = 1.17
-# Head dim 64 without a mask: where the grid has at most this many waves of 128-row tiles and at most this many keys,
-# the one-consumer 64-row tile (two CTAs per SM) is planned. Interleaved rounds on H100 against the 128/192-row plan
-# (docs/perf/attention.md v3.4): B2/B4/B8 x 1024 and B4 x 2048, 8 heads: 1.02-1.09x, B1 x 1024 (one wave) 1.29x;
-# B1 x 4096 x 16 heads and B8 x 2048 (longer CTAs or more waves): 0.99-1.00x; B4 x 4096, B16 x 2048 x 16 heads:
-# 0.94-0.98x.
+# Head dim 64 without a mask: the one-consumer 64-row tile (two CTAs per SM) is planned where the grid has at most
+# _ONE_CONSUMER_FEW_WAVES waves of 128-row tiles (any keys), or at most _ONE_CONSUMER_WAVES waves and at most
+# _ONE_CONSUMER_KEYS keys. Measured on H100 after lazy rescaling gave the 192-row tile 6 % (docs/perf/attention.md
+# v3.11, interleaved rounds, 64 / best other tile): B1-B4 x 1024-4096 at 1-2 waves 1.02-1.41x (B1 x 4096 x 8 heads
+# 0.961 / 0.918x cuDNN); B8 x 1024 (4 waves) level (0.907 / 0.907); B4 x 2048, B1 x 4096 x 16 heads, B2 x 4096
+# (4 waves) 0.95-0.98x; more waves lose more (B8 x 4096 x 16 heads 0.88x). (v3.4 before it: up to 4 waves and
+# 2,048 keys.)
+_ONE_CONSUMER_FEW_WAVES = 2
 _ONE_CONSUMER_WAVES = 4
-_ONE_CONSUMER_KEYS = 2048
+_ONE_CONSUMER_KEYS = 1024
 
 _WGMMA_CANDIDATES = {
     64: ((128, 2, 2), (128, 1, 2)),
@@ -299,22 +302,12 @@ def plannable(spec: DeviceSpec, head_dim: int) -> list[FwdConfig]:
     two_consumers = sorted(space, key=lambda c: getattr(c, "consumers", 2) == 3)  # head dim 64, fewer waves
     one_consumer = sorted(space, key=lambda c: getattr(c, "consumers", 2) != 1)  # head dim 64, small grids
     persistent = sorted(space, key=lambda c: not getattr(c, "persistent", False))
-    # head dim 64 under a causal mask past 2,048 keys: one 128-row tile per CTA, with or without pingpong
-    one_tile = [sorted(space, key=lambda c, pp=pp: not _one_tile_128(c, pp))
-                for pp in (True, False)] if head_dim == 64 else []
     for order in (space, no_tma, sorted(no_tma, key=lambda c: c.block_m != 64), two_consumers, one_consumer,
-                  persistent, *one_tile):
+                  persistent):
         fitting = [c for c in order if tiling.fits(c, spec) is None]
         if fitting and fitting[0] not in found:
             found.append(fitting[0])
     return found
-
-
-def _one_tile_128(config, pingpong: bool) -> bool:
-    """The 128-row TMA tile of two consumers, one query tile per CTA, with or without pingpong (the causal
-    head-dim-64 plan past 2,048 keys)."""
-    return (isinstance(config, FwdTmaConfig) and config.consumers == 2 and config.pingpong == pingpong
-            and not config.persistent)
 
 
 def tma_unusable(problem: FwdProblem) -> str | None:
@@ -482,18 +475,13 @@ def plan_forward(problem: FwdProblem, spec: DeviceSpec) -> tiling.Plan:
     if tma_first and problem.head_dim == 64 and problem.causal and not problem.mask & MASK_VARLEN:
         # measured on H100 (docs/perf/attention.md v3.6): under a causal mask one tile per CTA beat the persistent
         # 128-row tile at every size tried: with the K/V in L2 launched heaviest first across heads (tile_order,
-        # 1.03-1.10x), without head by head (1.03-1.11x, seed004_a's shape 0.84 -> 0.94x cuDNN); the one-consumer
-        # 64-row tile up to 2,048 keys, the 128-row tile beyond (pingpong where the K/V fit L2, not where they
-        # do not: 1.14 / 0.94x cuDNN at 4,096 keys)
+        # 1.03-1.10x), without head by head (1.03-1.11x, seed004_a's shape 0.84 -> 0.94x cuDNN); v3.11: the
+        # one-consumer 64-row tile beat the 128-row one (with or without pingpong, or persistent) at every size
+        # from 1,024 to 16,384 keys, 1.02-1.13x (v3.6 had planned the 128-row tile past 2,048 keys)
         in_l2 = _kv_fits_l2(problem, spec)
-        if problem.seq_kv <= _ONE_CONSUMER_KEYS:
-            candidates = sorted(candidates, key=lambda c: getattr(c, "consumers", 2) != 1)
-            rows = 64
-        else:
-            candidates = sorted(candidates, key=lambda c: not _one_tile_128(c, in_l2))
-            rows = 128
-        reason = (f"one {rows}-row TMA tile per CTA, {'heaviest first across heads' if in_l2 else 'head by head'} "
-                  f"(causal, {problem.seq_kv} keys, K/V {'in' if in_l2 else 'not in'} L2); " + reason)
+        candidates = sorted(candidates, key=lambda c: getattr(c, "consumers", 2) != 1)
+        reason = (f"one 64-row TMA tile per CTA, {'heaviest first across heads' if in_l2 else 'head by head'} "
+                  f"(causal, K/V {'in' if in_l2 else 'not in'} L2); " + reason)
     elif tma_first and balance > _PERSISTENT_MAX_IMBALANCE:
         reason = (f"one tile per CTA: the persistent grid's busiest CTA would carry {balance:.2f}x the mean "
                   f"(> {_PERSISTENT_MAX_IMBALANCE}); " + reason)
@@ -509,7 +497,9 @@ def plan_forward(problem: FwdProblem, spec: DeviceSpec) -> tiling.Plan:
         waves = {m: -(-problem.heads * problem.query_tiles(m) // spec.sm_count) for m in (128, 192)}
         longer = 1.5 / _ROWS_192_GAIN  # a 192-row CTA's time over a 128-row one's
         rows = 192 if waves[192] * longer < waves[128] else 128
-        if problem.mask == 0 and waves[128] <= _ONE_CONSUMER_WAVES and problem.seq_kv <= _ONE_CONSUMER_KEYS:
+        few = waves[128] <= _ONE_CONSUMER_FEW_WAVES or (waves[128] <= _ONE_CONSUMER_WAVES
+                                                        and problem.seq_kv <= _ONE_CONSUMER_KEYS)
+        if problem.mask == 0 and few:
             candidates = sorted(candidates, key=lambda c: getattr(c, "consumers", 2) != 1)
             reason = (f"warp-specialised TMA tile of 64 rows, two CTAs per SM: {waves[128]} waves of 128 rows, "
                       f"{problem.seq_kv} keys, no mask; " + reason)

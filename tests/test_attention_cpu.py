@@ -358,18 +358,18 @@ def test_persistent_tile_where_measured_faster(monkeypatch):
         assert plan.config.persistent == persistent, (head_dim, kw, str(plan))
         if persistent:
             assert "persistent" in plan.reason and plan.config.consumers == 2
-    # head dim 64 under a causal mask: one tile per CTA (64 rows up to 2,048 keys, 128 beyond), launched heaviest
-    # first across heads (tile_order) and with pingpong at 128 rows while the K/V fit L2; head by head past that
-    for seq, rows in ((1024, 64), (2048, 64), (4096, 128)):
+    # head dim 64 under a causal mask: one 64-row tile of one consumer per CTA at every length, launched heaviest
+    # first across heads (tile_order) while the K/V fit L2, head by head past that
+    for seq in (1024, 2048, 4096, 16384):
         problem = configs.FwdProblem(batch=2, seq_q=seq, seq_kv=seq, heads=8, kv_heads=8, head_dim=64, causal=True)
         cfg = configs.plan_forward(problem, h100).config
-        assert not cfg.persistent and cfg.block_m == rows and (rows == 64 or cfg.pingpong), (seq, cfg)
-        assert configs.tile_order(problem, cfg, h100, 512)
+        assert not cfg.persistent and cfg.block_m == 64 and cfg.consumers == 1, (seq, cfg)
+        assert configs.tile_order(problem, cfg, h100, 512) == (seq <= 4096), seq
         assert not configs.tile_order(dataclasses.replace(problem, causal=False), cfg, h100, 512)
-    for seq, rows in ((1024, 64), (2048, 64), (4096, 128)):  # 67-134 MB of K/V: head by head, no pingpong
+    for seq in (1024, 4096):  # 67-134 MB of K/V: head by head
         big = configs.FwdProblem(batch=16, seq_q=seq, seq_kv=seq, heads=16, kv_heads=16, head_dim=64, causal=True)
         cfg = configs.plan_forward(big, h100).config
-        assert not cfg.persistent and cfg.block_m == rows and not cfg.pingpong, (seq, cfg)
+        assert not cfg.persistent and cfg.block_m == 64, (seq, cfg)
         assert not configs.tile_order(big, cfg, h100, 512)
     packed = configs.FwdProblem(batch=4, seq_q=4096, seq_kv=4096, heads=8, kv_heads=8, head_dim=128, causal=True,
                                 varlen=True)
@@ -379,12 +379,14 @@ def test_persistent_tile_where_measured_faster(monkeypatch):
     assert configs.MASK_VARLEN not in configs.kernel_masks(persistent)
     with pytest.raises(ValueError, match="no kernel for mask kind"):
         configs.check_servable(persistent, packed)
-    # head dim 64 without a mask: 64-row tiles of one consumer (two CTAs per SM) on small grids of short rows only
-    small = configs.plan_forward(configs.FwdProblem(batch=4, seq_q=1024, seq_kv=1024, heads=8, kv_heads=8,
-                                                    head_dim=64), h100)
-    assert small.config.consumers == 1 and small.config.block_m == 64 and "two CTAs per SM" in small.reason
+    # head dim 64 without a mask: 64-row tiles of one consumer (two CTAs per SM) on grids of at most two waves of
+    # 128-row tiles, or four of short rows; not on more, nor under a window
+    for kw in (dict(batch=4, seq_q=1024), dict(batch=8, seq_q=1024), dict(batch=1, seq_q=4096)):
+        small = configs.plan_forward(configs.FwdProblem(seq_kv=kw["seq_q"], heads=8, kv_heads=8, head_dim=64, **kw),
+                                     h100)
+        assert small.config.consumers == 1 and small.config.block_m == 64 and "two CTAs per SM" in small.reason, kw
     for kw in (dict(batch=16, seq_q=2048, seq_kv=2048), dict(batch=1, seq_q=4096, seq_kv=4096),
-               dict(batch=4, seq_q=1024, seq_kv=1024, window=(64, 64))):
+               dict(batch=2, seq_q=2048, seq_kv=2048), dict(batch=4, seq_q=1024, seq_kv=1024, window=(64, 64))):
         problem = configs.FwdProblem(heads=16, kv_heads=16, head_dim=64, **kw)
         assert configs.plan_forward(problem, h100).config.consumers != 1, kw
     with pytest.raises(ValueError, match="neither pingpong nor persistent"):
