@@ -263,6 +263,10 @@ _ROWS_192_GAIN = 1.17
 # (4 waves) 0.95-0.98x; more waves lose more (B8 x 4096 x 16 heads 0.88x). (v3.4 before it: up to 4 waves and
 # 2,048 keys.)
 _ONE_CONSUMER_FEW_WAVES = 2
+# Head dim 64 under a plain causal mask (no window, padded batch): the 192-row tile from this many keys, the 64-row
+# tile of one consumer below. Measured on H100 (v3.11), 192 / 64 rows: 4,096 keys 1.00-1.08x (B4 H8, B8 H16),
+# 8,192-16,384 keys 1.06-1.17x; 2,048 keys 0.95-1.00x, 1,024 keys 0.88x.
+_CAUSAL_192_KEYS = 4096
 _ONE_CONSUMER_WAVES = 4
 _ONE_CONSUMER_KEYS = 1024
 
@@ -335,13 +339,11 @@ def mask_of(*, causal: bool = False, window=None, segments: bool = False, varlen
 
 def kernel_masks(config) -> tuple[int, ...]:
     """The mask kinds ``config`` has a kernel for: a persistent tile none with a packed batch (its CTAs map their
-    tiles from the sequences); the 192-row tile none with a causal/window mask on a padded batch (its registers
-    spill there, and the persistent 128-row tile measured faster: docs/perf/attention.md v3.2)."""
+    tiles from the sequences). (The 192-row tile had none with a causal/window mask on a padded batch until v3.11:
+    its registers spilled there in v3.2; none spill since, and plan_forward plans it under a plain causal mask.)"""
     masks = MASK_KINDS
     if getattr(config, "persistent", False):
         masks = tuple(m for m in masks if not m & MASK_VARLEN)
-    if getattr(config, "consumers", 2) == 3:
-        masks = tuple(m for m in masks if not (m & MASK_WINDOW and not m & MASK_VARLEN))
     return masks
 
 
@@ -460,6 +462,11 @@ def plan_forward(problem: FwdProblem, spec: DeviceSpec) -> tiling.Plan:
     if tuned is not None and servable([tuned.config], problem):
         return tuned
     candidates = servable(search_space(problem.head_dim), problem)
+    causal_192 = (problem.head_dim == 64 and problem.causal and problem.window is None
+                  and not problem.mask & MASK_VARLEN and problem.seq_kv >= _CAUSAL_192_KEYS)
+    if problem.mask & MASK_WINDOW and not problem.mask & MASK_VARLEN and not causal_192:
+        # the 192-row tile under a causal/window mask on a padded batch only where measured (v3.11)
+        candidates = [c for c in candidates if getattr(c, "consumers", 2) != 3]
     ctas_128 = problem.heads * problem.query_tiles(128)
     reason = f"fastest spill-free tile for head_dim {problem.head_dim} that fits"
     if no_tma and spec.arch == "sm_90a":
@@ -477,11 +484,14 @@ def plan_forward(problem: FwdProblem, spec: DeviceSpec) -> tiling.Plan:
         # 128-row tile at every size tried: with the K/V in L2 launched heaviest first across heads (tile_order,
         # 1.03-1.10x), without head by head (1.03-1.11x, seed004_a's shape 0.84 -> 0.94x cuDNN); v3.11: the
         # one-consumer 64-row tile beat the 128-row one (with or without pingpong, or persistent) at every size
-        # from 1,024 to 16,384 keys, 1.02-1.13x (v3.6 had planned the 128-row tile past 2,048 keys)
+        # from 1,024 to 16,384 keys, 1.02-1.13x (v3.6 had planned the 128-row tile past 2,048 keys), and the
+        # 192-row tile of three consumers beat both from 4,096 keys (_CAUSAL_192_KEYS)
         in_l2 = _kv_fits_l2(problem, spec)
-        candidates = sorted(candidates, key=lambda c: getattr(c, "consumers", 2) != 1)
-        reason = (f"one 64-row TMA tile per CTA, {'heaviest first across heads' if in_l2 else 'head by head'} "
-                  f"(causal, K/V {'in' if in_l2 else 'not in'} L2); " + reason)
+        consumers = 3 if causal_192 else 1
+        candidates = sorted(candidates, key=lambda c: getattr(c, "consumers", 2) != consumers)
+        reason = (f"one {64 * consumers}-row TMA tile per CTA, "
+                  f"{'heaviest first across heads' if in_l2 else 'head by head'} "
+                  f"(causal, {problem.seq_kv} keys, K/V {'in' if in_l2 else 'not in'} L2); " + reason)
     elif tma_first and balance > _PERSISTENT_MAX_IMBALANCE:
         reason = (f"one tile per CTA: the persistent grid's busiest CTA would carry {balance:.2f}x the mean "
                   f"(> {_PERSISTENT_MAX_IMBALANCE}); " + reason)
