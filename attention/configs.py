@@ -395,6 +395,12 @@ def _override(problem: FwdProblem, spec: DeviceSpec) -> tiling.Plan | None:
 # by weight lost 13 % on a balanced grid (B16 S2048 H16 d64) and won where head by head was 1.54x off balance, as
 # did one tile per CTA.
 _BY_WEIGHT_L2_SHARE = 0.7
+# Head dim 128 without a mask: the persistent tile only where the keys are at most _D128_PERSISTENT_KEYS and the grid
+# has more than _D128_PERSISTENT_WAVES waves of 128-row tiles; one tile per CTA with pingpong elsewhere. Measured on
+# H100 (v3.12, interleaved, one tile / persistent): B8 S1024 H8 0.98-0.995x, B16 S1024 H16 0.96-0.98x; B4 S1024 H8/2
+# (2 waves) 1.01-1.02x, 2,048-16,384 keys 0.99-1.12x (median 1.02-1.03x; B1 S8192 H32/8 0.97-0.99x the exception).
+_D128_PERSISTENT_KEYS = 1024
+_D128_PERSISTENT_WAVES = 2
 _PERSISTENT_MAX_IMBALANCE = 1.15
 
 
@@ -496,11 +502,13 @@ def plan_forward(problem: FwdProblem, spec: DeviceSpec) -> tiling.Plan:
         reason = (f"one tile per CTA: the persistent grid's busiest CTA would carry {balance:.2f}x the mean "
                   f"(> {_PERSISTENT_MAX_IMBALANCE}); " + reason)
     elif (tma_first and fitting_persistent
-            and (windowed or (problem.head_dim == 128 and ctas_128 > spec.sm_count))):
+            and (windowed or (problem.head_dim == 128 and ctas_128 > spec.sm_count
+                              and (problem.mask != 0 or (problem.seq_kv <= _D128_PERSISTENT_KEYS
+                                                         and ctas_128 > _D128_PERSISTENT_WAVES * spec.sm_count))))):
         # measured on H100 (docs/perf/attention.md v3.2): under a causal mask the persistent tile's rounds pair
-        # heavy and light query tiles (1.0-1.4x the one-tile-per-CTA grid); at head dim 128 it is 1.00-1.04x
-        # without a mask, but not on grids of one wave or less (no rounds to pair: B2 S1024 H8 0.97 against one
-        # tile per CTA's 1.00-1.01x cuDNN, v3.7); at head dim 64 without one it is not faster
+        # heavy and light query tiles (1.0-1.4x the one-tile-per-CTA grid); at head dim 128 without a mask v3.2
+        # measured it 1.00-1.04x, but v3.12 (after the early first loads and lazy rescaling) found the one-tile
+        # pingpong grid faster except on many waves of 1,024-key rows; at head dim 64 without one it is not faster
         candidates = persistent + others
         reason = "persistent warp-specialised TMA tile (causal/window mask or head dim 128); " + reason
     elif tma_first and problem.head_dim == 64:

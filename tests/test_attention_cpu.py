@@ -334,12 +334,18 @@ def test_head_dim_256_80_key_stages_and_one_wave_head_dim_128(monkeypatch):
         assert isinstance(cfg, configs.FwdTmaConfig) and cfg.block_n == 64, cfg
         one_wave = configs.FwdProblem(batch=2, seq_q=1024, seq_kv=1024, heads=8, kv_heads=8, head_dim=128)  # 128
         assert not configs.plan_forward(one_wave, spec).config.persistent
-        assert configs.plan_forward(dataclasses.replace(one_wave, batch=4), spec).config.persistent  # 256 tiles
+        # without a mask: one tile per CTA up to 2 waves (256 tiles) or past 1,024 keys; persistent on more waves
+        assert not configs.plan_forward(dataclasses.replace(one_wave, batch=4), spec).config.persistent
+        assert configs.plan_forward(dataclasses.replace(one_wave, batch=8), spec).config.persistent  # 512 tiles
+        long_rows = dataclasses.replace(one_wave, batch=8, seq_q=2048, seq_kv=2048)
+        assert not configs.plan_forward(long_rows, spec).config.persistent
+        assert configs.plan_forward(dataclasses.replace(long_rows, causal=True), spec).config.persistent
 
 
 def test_persistent_tile_where_measured_faster(monkeypatch):
-    """On sm_90a the persistent TMA tile is planned under a causal/window mask and at head dim 128, never for a
-    packed batch; head dim 64 without a mask keeps the one-tile-per-CTA tiles and head dim 256 has none. A plan
+    """On sm_90a the persistent TMA tile is planned under a causal/window mask and at head dim 128 (without a mask
+    only on many waves of short rows), never for a packed batch; head dim 64 without a mask keeps the
+    one-tile-per-CTA tiles and head dim 256 has none. A plan
     handed in for a mask its config has no kernel for is refused by name (``kernel_masks``)."""
     from cukernels import tma
 
@@ -350,7 +356,7 @@ def test_persistent_tile_where_measured_faster(monkeypatch):
         problem = configs.FwdProblem(batch=4, seq_q=1024, seq_kv=1024, heads=8, kv_heads=8, head_dim=head_dim, **kw)
         return configs.plan_forward(problem, h100)
 
-    for head_dim, kw, persistent in ((64, dict(causal=True), False), (64, {}, False), (128, {}, True),
+    for head_dim, kw, persistent in ((64, dict(causal=True), False), (64, {}, False), (128, {}, False),
                                      (128, dict(causal=True), True), (128, dict(window=(100, 0)), True),
                                      (256, dict(causal=True), False)):
         plan = planned(head_dim, **kw)
