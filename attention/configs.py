@@ -291,9 +291,10 @@ def search_space(head_dim: int) -> list:
                for m, n, w, s in _CANDIDATES[head_dim]])
 
 
-def plannable(spec: DeviceSpec, head_dim: int) -> list[FwdConfig]:
-    """Every config ``plan_forward`` can return on ``spec`` for ``head_dim``: the first fitting candidate in each
-    of its two preference orders, and the profile's override if any. CPU tests compile exactly these."""
+def plannable(spec: DeviceSpec, head_dim: int) -> list:
+    """Every config ``plan_forward`` can return on ``spec`` for ``head_dim`` (mma.sync, wgmma and TMA tiles): the
+    first fitting candidate in each of its preference orders, and the profile's override if any. CPU tests compile
+    exactly these (and test_planned_configs_are_plannable checks plan_forward against them)."""
     if tuple(spec.compute_capability) < MIN_COMPUTE_CAPABILITY:
         return []
     found = []

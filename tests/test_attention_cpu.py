@@ -45,6 +45,27 @@ def test_every_suite_case_plans_within_limits(spec):
             assert str(plan)  # explainable
 
 
+def test_planned_configs_are_plannable(monkeypatch):
+    """Beyond the suites: a grid of shapes and masks (head dims, causal / window / none, 1k-16k keys, small and large
+    grids) on the Hopper profiles with tensor maps available: every plan is among ``plannable`` (what the CPU
+    compile tests build), so no planner rule hands out an instance nobody compiled."""
+    from cukernels import tma
+
+    monkeypatch.setattr(tma, "available", lambda: None)
+    for key in ("h100_sxm", "h200"):
+        spec = next(p for p in PROFILES if p.key == key)
+        for head_dim in configs.HEAD_DIMS:
+            allowed = configs.plannable(spec, head_dim)
+            for seq in (1024, 2048, 4096, 16384):
+                for batch, heads, kv_heads in ((1, 8, 8), (4, 8, 2), (16, 16, 16)):
+                    for kw in ({}, dict(causal=True), dict(window=(256, 0)), dict(causal=True, window=(512, 0))):
+                        problem = configs.FwdProblem(batch=batch, seq_q=seq, seq_kv=seq, heads=heads,
+                                                     kv_heads=kv_heads, head_dim=head_dim, **kw)
+                        plan = configs.plan_forward(problem, spec)
+                        assert plan.config in allowed, (key, str(problem), str(plan))
+                        assert problem.mask in configs.kernel_masks(plan.config), (key, str(problem), str(plan))
+
+
 def test_planner_prefers_big_tiles_on_h200_and_shrinks_on_small_smem():
     h200 = device.profile("h200")
     big = suites.get("seed004_b32_s4096_h32_d128").problem()
