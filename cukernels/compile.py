@@ -116,8 +116,9 @@ def libcuda():
 class Kernel:
     """A compiled kernel instance; ``launch`` checks the dynamic shared memory against the device first."""
 
-    def __init__(self, raw, name_expression: str, spec: _device.DeviceSpec):
+    def __init__(self, raw, name_expression: str, spec: _device.DeviceSpec, module=None):
         self._raw = raw
+        self.module = module  # the cupy.RawModule (its __device__ globals: get_global), for probes and tools
         self.name_expression = name_expression
         self.spec = spec
         # the default dynamic limit is what the 48 KB default leaves beside the kernel's static shared memory
@@ -197,7 +198,7 @@ def kernel(source: Path | str, name_expression: str, *, options: Sequence[str] =
         raw = module.get_function(name_expression)
     except cupy.cuda.compiler.CompileException as exc:
         raise CompileError(path, [name_expression], opts, str(exc)) from exc
-    built = Kernel(raw, name_expression, spec)
+    built = Kernel(raw, name_expression, spec, module)
     with _cache_lock:
         _cache[key] = built
     return built

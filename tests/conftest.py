@@ -19,11 +19,22 @@ def pytest_collection_modifyitems(config, items):
             item.add_marker(skip)
 
 
-@pytest.fixture(scope="session")
-def sass_tool():
-    """tools/sass.py as a module (it is a script, not a package module): nvdisasm(), disassemble(), opcode()."""
-    path = Path(__file__).resolve().parents[1] / "tools" / "sass.py"
-    spec = importlib.util.spec_from_file_location("sass_tool", path)
+def _tool(name: str):
+    """tools/<name>.py as a module (the tools are scripts, not package modules)."""
+    path = Path(__file__).resolve().parents[1] / "tools" / f"{name}.py"
+    spec = importlib.util.spec_from_file_location(f"{name}_tool", path)
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module
+
+
+@pytest.fixture(scope="session")
+def sass_tool():
+    """tools/sass.py: nvdisasm(), disassemble(), opcode()."""
+    return _tool("sass")
+
+
+@pytest.fixture(scope="session")
+def fwd_timeline_tool():
+    """tools/fwd_timeline.py: summarize() of the forward's per-CTA stamps."""
+    return _tool("fwd_timeline")

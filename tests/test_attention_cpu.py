@@ -440,3 +440,31 @@ def test_persistent_tile_where_measured_faster(monkeypatch):
     rows_192 = next(c for c in configs.tma_tiles(h100, 64) if c.consumers == 3)
     assert set(configs.kernel_masks(rows_192)) == set(configs.MASK_KINDS)  # since v3.11 (planned: above)
     assert not any(c.persistent for c in configs.tma_tiles(h100, 256))
+
+
+def test_fwd_timeline_summary_of_stamps(fwd_timeline_tool):
+    """tools/fwd_timeline.py's analysis on made-up stamps: two waves of 4 CTAs on 4 SMs, each CTA 1 us to its Q,
+    2 us to its first K, 5 us of loop and 0.5 us of store (stamps in ns, slot 5 the SM + 1); unstamped rows ignored."""
+    tool = fwd_timeline_tool
+    raw = np.zeros((10, 8), dtype=np.uint64)
+    for c in range(8):
+        start = 1_000_000 + (c // 4) * 9_000 + c * 10
+        raw[c, :6] = (start, start + 1000, start + 2000, start + 7000, start + 7500, c % 4 + 1)
+    out = tool.summarize(raw)
+    assert out["ctas"] == 8 and out["sms"] == 4 and len(out["waves"]) == 2
+    assert abs(out["waves"][1] - 9.04) < 1e-6 and abs(out["kernel_us"] - (9.07 + 7.5)) < 1e-6
+    ph = out["phases"]
+    assert abs(ph["q (start -> Q landed)"][50] - 1.0) < 1e-9 and abs(ph["loop (first K -> last P V)"][90] - 5.0) < 1e-9
+    assert abs(ph["cta (start -> stored)"][10] - 7.5) < 1e-9
+
+
+@pytest.mark.slow
+def test_fwd_timeline_probe_compiles_without_spills():
+    """The FWD_TIMELINE probe of flash_fwd_tma.cu (off in the engine's builds) compiles on sm_90a with no spills for
+    the one-consumer, pingpong persistent and 192-row instances."""
+    exprs = ["flash_fwd_tma<__nv_bfloat16,64,128,2,false,0,1>", "flash_fwd_tma<__nv_bfloat16,128,128,2,true,1,2,true>",
+             "flash_fwd_tma<__half,64,128,3,true,0,3>"]
+    res = ccompile.compile_offline(api.KERNELS / "flash_fwd_tma.cu", exprs, "sm_90a",
+                                   options=("-DFWD_TIMELINE=4096",))
+    for expr, r in res.items():
+        assert r.spills == 0 and r.stack_bytes == 0, (expr, r)

@@ -46,6 +46,34 @@
 
 using namespace attn;
 
+// FWD_TIMELINE=N (a probe for tools/fwd_timeline.py; never defined in the engine's builds, whose SASS it leaves
+// untouched): the first consumer thread of each of the first N CTAs writes global-timer stamps into
+// fwd_timeline[cta][slot], each slot once (the host zeroes it first; a persistent CTA's stamps are its first tile's):
+// 0 the CTA starts, 1 its Q has landed, 2 its first K, 3 its last P V is done, 4 its O is stored, 5 the SM it ran on.
+#ifdef FWD_TIMELINE
+__device__ unsigned long long fwd_timeline[FWD_TIMELINE][8];
+__device__ __forceinline__ unsigned long long fwd_now() {
+    unsigned long long t;
+    asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
+    return t;
+}
+__device__ __forceinline__ unsigned long long fwd_smid() {
+    unsigned s;
+    asm volatile("mov.u32 %0, %%smid;" : "=r"(s));
+    return s;
+}
+#define FWD_STAMP(slot, value)                                                                                    \
+    do {                                                                                                          \
+        const unsigned cta_ = blockIdx.x + gridDim.x * (blockIdx.y + gridDim.y * blockIdx.z);                     \
+        if (threadIdx.x == 128 && cta_ < FWD_TIMELINE && fwd_timeline[cta_][slot] == 0)                           \
+            fwd_timeline[cta_][slot] = (value);                                                                   \
+    } while (0)
+#else
+#define FWD_STAMP(slot, value) \
+    do {                       \
+    } while (0)
+#endif
+
 template <typename T, int HEAD_DIM, int BLOCK_N, int STAGES, bool PINGPONG, int MASK, int CONSUMERS = 2,
           bool PERSISTENT = false>
 __global__ void __launch_bounds__(128 * (CONSUMERS + 1), CONSUMERS == 1 ? 2 : 1)
@@ -87,6 +115,8 @@ flash_fwd_tma(const __grid_constant__ tma::TensorMap q_map, const __grid_constan
                    empty_k = full_v + 8 * STAGES, empty_v = empty_k + 8 * STAGES, q_empty = empty_v + 8 * STAGES;
 
     const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+    FWD_STAMP(0, fwd_now());
+    FWD_STAMP(5, fwd_smid() + 1);
     const int wg = wgmma::warpgroup();  // warp-uniform to the compiler: Q's descriptors in uniform registers
 
     // ---- the CTA's query tiles. One per CTA: (gridDim.x - 1 - blockIdx.x, blockIdx.y, blockIdx.z), heaviest
@@ -313,11 +343,13 @@ flash_fwd_tma(const __grid_constant__ tma::TensorMap q_map, const __grid_constan
         };
 
         tma::mbar_wait(q_bar, i & 1);  // always: the CTA may not exit with Q's copy in flight
+        FWD_STAMP(1, fwd_now());
         if (first < tiles.nb_max) {
             int nb = first;
             if (cw == CONSUMERS - 1) turn_pass();
             const int st0 = j % STAGES;
             tma::mbar_wait(full_k + 8 * st0, (j / STAGES) & 1);
+            FWD_STAMP(2, fwd_now());
             turn_take();
             issue_s(st0);
             turn_pass();
@@ -363,6 +395,7 @@ flash_fwd_tma(const __grid_constant__ tma::TensorMap q_map, const __grid_constan
             wgmma::fence_operands(o_flat);
             release(empty_v, st);
             ++j;
+            FWD_STAMP(3, fwd_now());
         } else {
             release_q();
         }
@@ -399,6 +432,7 @@ flash_fwd_tma(const __grid_constant__ tma::TensorMap q_map, const __grid_constan
                 *reinterpret_cast<uint4*>(dst) = v;
             }
         }
+        FWD_STAMP(4, fwd_now());
         if constexpr (!PERSISTENT) break;
         ws::bar_sync(1 + cw, 128);  // the staging rows are read before the next tile's writes
     }
