@@ -121,6 +121,48 @@ __device__ __forceinline__ bool find_work_item(int tile, const int* __restrict__
     return true;
 }
 
+// The cp.async loads of a work item's k tiles, shared by the mma.sync and wgmma kernels: a stage holds A (the item's
+// BM rows of a) and then B (expert e's BN rows of b from column n0, stored [N][K]), both BK wide, K-major, 16-byte
+// chunks in the XOR swizzle (mma::swizzle; for wgmma it is the 128-byte-swizzle K-major layout). Thread t copies chunk
+// t % (BK / 8) of tile rows t / (BK / 8) + j * RSTEP; rows past the item (A) or past N (B) and chunks past K are
+// zero-filled (a 0-byte copy from the operand's base).
+template <typename T, int BM, int BN, int BK, int THREADS>
+struct StageLoader {
+    static constexpr int CH = BK / 8, RSTEP = THREADS / CH, A_BYTES = BM * BK * 2, STAGE_BYTES = (BM + BN) * BK * 2;
+    static constexpr int A_ITERS = BM / RSTEP, B_ITERS = BN / RSTEP;
+    static_assert(BM % RSTEP == 0 && BN % RSTEP == 0, "tile rows must be a multiple of the rows per pass");
+    const T* __restrict__ a;
+    const T* __restrict__ b;
+    int c, r0;
+    const T* __restrict__ a_src;
+    const T* __restrict__ b_src;
+    size_t step;
+    unsigned smem0;
+    int rows_here, n0, N, K;
+
+    __device__ __forceinline__ StageLoader(const T* __restrict__ a_, const T* __restrict__ b_, unsigned smem0_,
+                                           int row0, int rows_here_, int e, int n0_, int N_, int K_, int tid)
+        : a(a_), b(b_), c(tid % CH), r0(tid / CH), a_src(a_ + (size_t)(row0 + tid / CH) * K_ + (tid % CH) * 8),
+          b_src(b_ + ((size_t)e * N_ + n0_ + tid / CH) * K_ + (tid % CH) * 8), step((size_t)RSTEP * K_),
+          smem0(smem0_), rows_here(rows_here_), n0(n0_), N(N_), K(K_) {}
+
+    // k tile kt into stage slot `slot`
+    __device__ __forceinline__ void operator()(int slot, int kt) const {
+        const bool k_ok = kt * BK + c * 8 < K;
+        const unsigned sa = smem0 + slot * STAGE_BYTES, sb = sa + A_BYTES;
+#pragma unroll
+        for (int j = 0; j < A_ITERS; ++j) {
+            const bool ok = k_ok && r0 + j * RSTEP < rows_here;
+            mma::cp_async_16(sa + mma::swizzle<BK>(r0 + j * RSTEP, c), ok ? a_src + j * step + kt * BK : a, ok ? 16 : 0);
+        }
+#pragma unroll
+        for (int j = 0; j < B_ITERS; ++j) {
+            const bool ok = k_ok && n0 + r0 + j * RSTEP < N;
+            mma::cp_async_16(sb + mma::swizzle<BK>(r0 + j * RSTEP, c), ok ? b_src + j * step + kt * BK : b, ok ? 16 : 0);
+        }
+    }
+};
+
 // Epilogue: accumulator fragments in the m16n8 C layout (rows wm * WM + i * 16 + lane / 4 (+ 8), columns
 // wn * WN + j * 8 + 2 * (lane % 4) (+ 1)) -> activation, row scale, conversion -> out. Low-precision outputs are
 // staged through shared memory (the pipeline buffers, free by now) and written with 16-byte stores; fp32 outputs
@@ -203,12 +245,8 @@ moe_grouped_gemm(const T* __restrict__ a, const T* __restrict__ b, TO* __restric
     constexpr int THREADS = WARPS_M * WARPS_N * 32;
     constexpr int WM = BM / WARPS_M, WN = BN / WARPS_N;
     constexpr int MI = WM / 16, NI = WN / 8;
-    constexpr int CH = BK / 8;  // 16-byte chunks per tile row
-    constexpr int A_BYTES = BM * BK * 2, STAGE_BYTES = (BM + BN) * BK * 2;
-    constexpr int RSTEP = THREADS / CH;  // tile rows covered by one pass of all threads
-    constexpr int A_ITERS = BM / RSTEP, B_ITERS = BN / RSTEP;
+    constexpr int A_BYTES = BM * BK * 2, STAGE_BYTES = (BM + BN) * BK * 2;  // a stage: A, then B (StageLoader)
     static_assert(WM % 16 == 0 && WN % 16 == 0, "warp tile must be a multiple of 16 x 16");
-    static_assert(BM % RSTEP == 0 && BN % RSTEP == 0, "tile rows must be a multiple of the rows per pass");
     constexpr int BN_OUT = EPI == EPI_SWIGLU ? BN / 2 : BN;
     constexpr int C_STRIDE = BN_OUT + 8;  // elements; +16 bytes per row spreads the fragment stores over banks
     static_assert(BM * C_STRIDE * 2 <= STAGES * STAGE_BYTES, "epilogue staging must fit in the pipeline buffers");
@@ -229,27 +267,8 @@ moe_grouped_gemm(const T* __restrict__ a, const T* __restrict__ b, TO* __restric
     const int n0 = n_tile * BN;
     const int k_tiles = (K + BK - 1) / BK;
 
-    // ---- this thread's cp.async sources: chunk c of rows r0, r0 + RSTEP, ...
-    const int c = tid % CH, r0 = tid / CH;
-    const T* a_src = a + (size_t)(row0 + r0) * K + c * 8;
-    const T* b_src = b + ((size_t)e * N + n0 + r0) * K + c * 8;
-    const size_t step = (size_t)RSTEP * K;
     const unsigned smem0 = mma::smem_addr(smem);
-
-    auto load_stage = [&](int slot, int kt) {
-        const bool k_ok = kt * BK + c * 8 < K;
-        const unsigned sa = smem0 + slot * STAGE_BYTES, sb = sa + A_BYTES;
-#pragma unroll
-        for (int j = 0; j < A_ITERS; ++j) {
-            const bool ok = k_ok && r0 + j * RSTEP < rows_here;
-            mma::cp_async_16(sa + mma::swizzle<BK>(r0 + j * RSTEP, c), ok ? a_src + j * step + kt * BK : a, ok ? 16 : 0);
-        }
-#pragma unroll
-        for (int j = 0; j < B_ITERS; ++j) {
-            const bool ok = k_ok && n0 + r0 + j * RSTEP < N;
-            mma::cp_async_16(sb + mma::swizzle<BK>(r0 + j * RSTEP, c), ok ? b_src + j * step + kt * BK : b, ok ? 16 : 0);
-        }
-    };
+    const StageLoader<T, BM, BN, BK, THREADS> load_stage(a, b, smem0, row0, rows_here, e, n0, N, K, tid);
 
     float acc[MI][NI][4];
 #pragma unroll
@@ -327,10 +346,7 @@ moe_grouped_gemm_wgmma(const T* __restrict__ a, const T* __restrict__ b, TO* __r
                        const int* __restrict__ offsets, const float* __restrict__ row_scale, int experts, int N, int K) {
     constexpr int BN = 256, BK = 64;
     constexpr int THREADS = BM * 2;  // one warpgroup (128 threads) per 64 rows
-    constexpr int CH = BK / 8;
-    constexpr int A_BYTES = BM * BK * 2, STAGE_BYTES = (BM + BN) * BK * 2;
-    constexpr int RSTEP = THREADS / CH;
-    constexpr int A_ITERS = BM / RSTEP, B_ITERS = BN / RSTEP;
+    constexpr int A_BYTES = BM * BK * 2, STAGE_BYTES = (BM + BN) * BK * 2;  // a stage: A, then B (StageLoader)
     static_assert(BM == 64 || BM == 128, "one or two consumer warpgroups");
     static_assert(A_BYTES % 1024 == 0 && STAGE_BYTES % 1024 == 0, "stages and operands must stay 1024-aligned");
     static_assert(BM * (BN + 8) * 2 <= STAGES * STAGE_BYTES, "epilogue staging must fit in the pipeline buffers");
@@ -351,26 +367,8 @@ moe_grouped_gemm_wgmma(const T* __restrict__ a, const T* __restrict__ b, TO* __r
     const int n0 = n_tile * BN;
     const int k_tiles = (K + BK - 1) / BK;
 
-    const int c = tid % CH, r0 = tid / CH;
-    const T* a_src = a + (size_t)(row0 + r0) * K + c * 8;
-    const T* b_src = b + ((size_t)e * N + n0 + r0) * K + c * 8;
-    const size_t step = (size_t)RSTEP * K;
     const unsigned smem0 = mma::smem_addr(smem);
-
-    auto load_stage = [&](int slot, int kt) {
-        const bool k_ok = kt * BK + c * 8 < K;
-        const unsigned sa = smem0 + slot * STAGE_BYTES, sb = sa + A_BYTES;
-#pragma unroll
-        for (int j = 0; j < A_ITERS; ++j) {
-            const bool ok = k_ok && r0 + j * RSTEP < rows_here;
-            mma::cp_async_16(sa + mma::swizzle<BK>(r0 + j * RSTEP, c), ok ? a_src + j * step + kt * BK : a, ok ? 16 : 0);
-        }
-#pragma unroll
-        for (int j = 0; j < B_ITERS; ++j) {
-            const bool ok = k_ok && n0 + r0 + j * RSTEP < N;
-            mma::cp_async_16(sb + mma::swizzle<BK>(r0 + j * RSTEP, c), ok ? b_src + j * step + kt * BK : b, ok ? 16 : 0);
-        }
-    };
+    const StageLoader<T, BM, BN, BK, THREADS> load_stage(a, b, smem0, row0, rows_here, e, n0, N, K, tid);
 
     float acc[1][32][4];
     float(&d)[128] = reinterpret_cast<float(&)[128]>(acc);
