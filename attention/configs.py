@@ -263,12 +263,12 @@ _ROWS_192_GAIN = 1.17
 # (4 waves) 0.95-0.98x; more waves lose more (B8 x 4096 x 16 heads 0.88x). (v3.4 before it: up to 4 waves and
 # 2,048 keys.)
 _ONE_CONSUMER_FEW_WAVES = 2
-# Head dim 64 under a plain causal mask (no window, padded batch): the 192-row tile from this many keys, the 64-row
-# tile of one consumer below. Measured on H100 (v3.11), 192 / 64 rows: 4,096 keys 1.00-1.08x (B4 H8, B8 H16),
-# 8,192-16,384 keys 1.06-1.17x; 2,048 keys 0.95-1.00x, 1,024 keys 0.88x.
-_CAUSAL_192_KEYS = 4096
 _ONE_CONSUMER_WAVES = 4
 _ONE_CONSUMER_KEYS = 1024
+# Head dim 64 under a causal mask without a window, on a padded batch (segment ids or not): the 192-row tile from
+# this many keys, the 64-row tile of one consumer below. Measured on H100 (v3.11, without segment ids), 192 / 64 rows:
+# 4,096 keys 1.00-1.08x (B4 H8, B8 H16), 8,192-16,384 keys 1.06-1.17x; 2,048 keys 0.95-1.00x, 1,024 keys 0.88x.
+_CAUSAL_192_KEYS = 4096
 
 _WGMMA_CANDIDATES = {
     64: ((128, 2, 2), (128, 1, 2)),
