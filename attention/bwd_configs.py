@@ -253,9 +253,11 @@ _WGMMA_CANDIDATES = {
 
 
 # Hopper with tensor maps: (block_m, stages, dq_block_m, dq_block_n) of the warp-specialised TMA kernel, first.
+# Head dim 128 on three stages since the kernel issues the next step's S^T mid-step (docs/perf/attention.md v5.4:
+# 1.5-3 % over two stages then).
 _TMA_CANDIDATES = {
     64: ((128, 2, 64, 64), (64, 2, 64, 64), (64, 3, 64, 64)),
-    128: ((64, 2, 64, 64), (64, 3, 64, 64)),
+    128: ((64, 3, 64, 64), (64, 2, 64, 64)),
     256: ((64, 2, 64, 32),),
 }
 

@@ -171,6 +171,34 @@ def test_wgmma_descriptors_stay_in_uniform_registers(sass_tool):
     assert not bad, "\n".join(bad)
 
 
+@pytest.mark.slow
+def test_wgmma_is_not_serialised(sass_tool):
+    """ptxas may serialise every wgmma of a kernel (a WARPGROUP.DEPBAR after each HGMMA) without any warning: it
+    did for the backward when a group was in flight across its loop's back edge, or issued under one condition and
+    waited for under another (docs/perf/attention.md v5.4; 10-20 % slower on an H100). Where nvdisasm is installed,
+    the SASS of planned instances of the TMA kernels keeps far fewer waits than HGMMA instructions."""
+    import collections
+
+    sass = sass_tool
+    tool = sass.nvdisasm()
+    if tool is None:
+        pytest.skip("no nvdisasm here (pip install 'cukernels[sass]'): the SASS is not checked")
+    cases = [("flash_fwd_tma.cu", "flash_fwd_tma<__nv_bfloat16,64,128,2,false,0,1>"),
+             ("flash_fwd_tma.cu", "flash_fwd_tma<__nv_bfloat16,128,128,2,true,0,2,true>"),
+             ("flash_bwd_tma.cu", "flash_bwd_tma<__nv_bfloat16,128,64,3,0,true>"),
+             ("flash_bwd_tma.cu", "flash_bwd_tma<__half,128,64,3,1,false>"),
+             ("flash_bwd_tma.cu", "flash_bwd_tma<__nv_bfloat16,64,128,2,3,true>"),
+             ("flash_bwd_tma.cu", "flash_bwd_tma_pair<__nv_bfloat16,256,64,2,1,true>")]
+    bad = []
+    for source, expr in cases:
+        text = [i for _, i in sass.disassemble(ccompile.cubin(api.KERNELS / source, expr, "sm_90a"), tool)]
+        ops = collections.Counter(sass.opcode(i) for i in text)
+        waits = sum(1 for i in text if i.startswith("WARPGROUP.DEPBAR"))
+        if not ops["HGMMA"] or waits * 3 > ops["HGMMA"]:
+            bad.append(f"{expr}: {waits} wgmma waits for {ops['HGMMA']} HGMMA")
+    assert not bad, "\n".join(bad)
+
+
 # ---------------------------------------------------------------- validation before any device work
 
 

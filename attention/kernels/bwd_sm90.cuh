@@ -5,6 +5,8 @@
 // of BLOCK_N rows, Q and dO of BLOCK_M rows, dS^T of BLOCK_N rows x BLOCK_M columns. For one warpgroup and one
 // (q head, query tile), with S^T and dP^T [64 kv rows x BLOCK_M queries] in the m64nBLOCK_M accumulator layout:
 //   issue_sdp   S^T = K_w Q^T and dP^T = V_w dO^T, two wgmma groups (not waited for); issue_one_t: one of them
+//               (FRESH: the first k-step's product starts the sums instead of zeroed registers, for a caller that
+//               issues it while other groups are in flight: zeroing there makes ptxas serialise wgmma, C7515)
 //   form_p      after wait<1>: P^T = 2^(S^T scale log2e - lse2[query]) in place, and rounded to T
 //   form_ds     after wait<0>: dS^T = P^T (dP^T - D[query]) rounded to T
 //   issue_dkdv  dV += P^T dO, dK += dS^T Q (A from registers, dO and Q MN-major), one group (mma_rs_group:
@@ -21,14 +23,19 @@
 namespace attn {
 
 // acc += A_w B^T over the head dim, one wgmma group (not committed here): A = K or V (BLOCK_N rows), B = Q or dO
-// (N query rows), both K-major.
-template <typename T, int HEAD_DIM, int BLOCK_M, int BLOCK_N, int N>
+// (N query rows), both K-major. FRESH: acc = A_w B^T (the first k-step does not add).
+template <typename T, int HEAD_DIM, int BLOCK_M, int BLOCK_N, int N, bool FRESH = false>
 __device__ __forceinline__ void mma_t_group(float (&acc)[N / 2], unsigned long long a_desc,
                                             unsigned long long b_desc) {
 #pragma unroll
-    for (int kk = 0; kk < HEAD_DIM / 16; ++kk)
-        wgmma::mma_ss<T, N>(acc, wgmma::advance(a_desc, (kk >> 2) * (BLOCK_N * 128) + (kk & 3) * 32),
-                            wgmma::advance(b_desc, (kk >> 2) * (BLOCK_M * 128) + (kk & 3) * 32));
+    for (int kk = 0; kk < HEAD_DIM / 16; ++kk) {
+        const unsigned long long a = wgmma::advance(a_desc, (kk >> 2) * (BLOCK_N * 128) + (kk & 3) * 32);
+        const unsigned long long b = wgmma::advance(b_desc, (kk >> 2) * (BLOCK_M * 128) + (kk & 3) * 32);
+        if constexpr (FRESH)
+            wgmma::mma_ss<T, N>(acc, a, b, kk != 0);
+        else
+            wgmma::mma_ss<T, N>(acc, a, b);
+    }
 }
 
 template <typename T, int HEAD_DIM, int BLOCK_M, int BLOCK_N>
@@ -49,14 +56,16 @@ __device__ __forceinline__ void issue_sdp(float (&s)[BLOCK_M / 2], float (&dp)[B
 }
 
 // One of issue_sdp's products, one group: S^T = K_w Q^T (a_wg = K, b_st = Q) or dP^T = V_w dO^T (V, dO).
-template <typename T, int HEAD_DIM, int BLOCK_M, int BLOCK_N>
+template <typename T, int HEAD_DIM, int BLOCK_M, int BLOCK_N, bool FRESH = false>
 __device__ __forceinline__ void issue_one_t(float (&acc)[BLOCK_M / 2], unsigned a_wg, unsigned b_st) {
+    if constexpr (!FRESH) {
 #pragma unroll
-    for (int i = 0; i < BLOCK_M / 2; ++i) acc[i] = 0.f;
+        for (int i = 0; i < BLOCK_M / 2; ++i) acc[i] = 0.f;
+    }
     wgmma::fence_operands(acc);
     const unsigned long long a_desc = wgmma::desc_k_major(a_wg), b_desc = wgmma::desc_k_major(b_st);
     wgmma::fence();
-    mma_t_group<T, HEAD_DIM, BLOCK_M, BLOCK_N, BLOCK_M>(acc, a_desc, b_desc);
+    mma_t_group<T, HEAD_DIM, BLOCK_M, BLOCK_N, BLOCK_M, FRESH>(acc, a_desc, b_desc);
     wgmma::commit();
 }
 

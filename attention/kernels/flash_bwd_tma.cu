@@ -238,64 +238,100 @@ flash_bwd_tma(const __grid_constant__ tma::TensorMap q_map, const __grid_constan
     };
 
     tma::mbar_wait(kv_bar, 0);  // always: the CTA may not exit with K's and V's copies in flight
-    int j = 0;
-    for (int it = tiles.next_visible(0); it < tiles.total; it = tiles.next_visible(it + 1), ++j) {
-        const int st = j % STAGES;
-        const int h = h0 + tiles.head_in_group(it), mb = tiles.m_block(it), m0 = mb * BLOCK_M;
-        const unsigned q_st = sQ + st * Q_BYTES, do_st = sdO + st * Q_BYTES;
-        tma::mbar_wait(full + 8 * st, (j / STAGES) & 1);
-
-        float s[MT][4], dp[MT][4];
-        float(&s_flat)[MT * 4] = reinterpret_cast<float(&)[MT * 4]>(s);
-        float(&dp_flat)[MT * 4] = reinterpret_cast<float(&)[MT * 4]>(dp);
-        issue_sdp<T, HEAD_DIM, BLOCK_M, BLOCK_N>(s_flat, dp_flat, k_wg, v_wg, q_st, do_st);
+    // Software-pipelined by one product: S^T of step j + 1 is issued before step j's dQ slice is staged and
+    // reduced, so the tensor cores run it under the staging; then dP^T of step j + 1, under which its P^T is
+    // formed. A step's iteration starts where no wgmma is in flight (dP^T waited for): with a group in flight
+    // across the loop's back edge ptxas serialises every wgmma of the kernel (a wait after each, no warning).
+    // EARLY_S off (128-row query tiles with a window and segment ids or a packed batch: 8-40 B spilled with it),
+    // S^T is issued with dP^T, after the staging.
+    constexpr bool EARLY_S = !(BLOCK_M == 128 && WINDOW && (SEGMENTS || VARLEN));
+    float s[MT][4], dp[MT][4];
+    float(&s_flat)[MT * 4] = reinterpret_cast<float(&)[MT * 4]>(s);
+    float(&dp_flat)[MT * 4] = reinterpret_cast<float(&)[MT * 4]>(dp);
+    unsigned p_pk[MT][2], ds_pk[MT][2];  // P^T, dS^T rounded to T: rows g and g + 8, columns 8 j + 2 t (+1)
+    // the first half of step jj (tile itt): S^T (unless in flight already) and dP^T, masks, P^T, dS^T
+    auto first_half = [&](int jj, int itt, bool s_in_flight) {
+        const int sj = jj % STAGES, mbj = tiles.m_block(itt);
+        if (!s_in_flight) {
+            tma::mbar_wait(full + 8 * sj, (jj / STAGES) & 1);
+            issue_one_t<T, HEAD_DIM, BLOCK_M, BLOCK_N, true>(s_flat, k_wg, sQ + sj * Q_BYTES);
+        }
+        issue_one_t<T, HEAD_DIM, BLOCK_M, BLOCK_N, true>(dp_flat, v_wg, sdO + sj * Q_BYTES);
         wgmma::wait<1>();
         wgmma::fence_operands(s_flat);
-        if (tiles.needs_mask(mb))
-            mask_scores_t<MT, WINDOW, SEGMENTS>(s, m0, kv_row, seq_q, seq_kv, shift, window_left, window_right,
-                                                q_ids + (long long)b * seq_q, kvid, t);
-        unsigned p_pk[MT][2], ds_pk[MT][2];  // P^T, dS^T rounded to T: rows g and g + 8, columns 8 j + 2 t (+1)
-        form_p<T, MT>(s, p_pk, lse_s + st * BLOCK_M, scale_log2, t);
+        if (tiles.needs_mask(mbj))
+            mask_scores_t<MT, WINDOW, SEGMENTS>(s, mbj * BLOCK_M, kv_row, seq_q, seq_kv, shift, window_left,
+                                                window_right, q_ids + (long long)b * seq_q, kvid, t);
+        form_p<T, MT>(s, p_pk, lse_s + sj * BLOCK_M, scale_log2, t);
         wgmma::wait<0>();
         wgmma::fence_operands(dp_flat);
-        form_ds<T, MT>(s, dp, ds_pk, d_s + st * BLOCK_M, t);
+        form_ds<T, MT>(s, dp, ds_pk, d_s + sj * BLOCK_M, t);
+    };
+    int it = tiles.next_visible(0);
+    if (it < tiles.total) first_half(0, it, false);
+    for (int j = 0; it < tiles.total; ++j) {
+        const int st = j % STAGES;
+        const int h = h0 + tiles.head_in_group(it), m0 = tiles.m_block(it) * BLOCK_M;
+        const unsigned q_st = sQ + st * Q_BYTES, do_st = sdO + st * Q_BYTES;
+        const int next = tiles.next_visible(it + 1);
+        const bool more = next < tiles.total;
         wgmma::fence_operands(dv_acc);
         wgmma::fence_operands(dk_acc);
         issue_dkdv<T, HEAD_DIM, BLOCK_M>(dv_acc, dk_acc, p_pk, ds_pk, q_st, do_st);
-
+        float dq[DQ ? DQ_N / 2 : 1];
         if constexpr (DQ) {
             const unsigned ds_tile = sdS + (j & 1) * DS_BYTES;
             store_ds_t<BLOCK_N, MT>(smem + (ds_tile - sK), ds_pk, wrow + g, t);
             wgmma::fence_proxy_async();
             ws::bar_sync(1, 256);  // both consumers' dS^T rows in place
-            float dq[DQ_N / 2];
             issue_dq<T, BLOCK_N, DQ_N>(dq, ds_tile + rw * (BLOCK_N * 128),
                                         sK + (cq * DQ_N / 64) * (BLOCK_N * 128) + (cq * DQ_N % 64) * 2);
-            wgmma::wait<0>();
-            wgmma::fence_operands(dq);
+        }
+        // the rest of the step once its products are done: the stage freed, and the dQ slice into this consumer's
+        // staging boxes (box c: columns [32 c, +32) of the slice, 128-byte rows, 16-byte chunk k of row r at
+        // k ^ (r % 8)) once the previous reduction has read them, then added by one thread
+        auto finish = [&]() {
+            if constexpr (DQ) wgmma::fence_operands(dq);
             wgmma::fence_operands(dv_acc);
             wgmma::fence_operands(dk_acc);
             release(st);  // Q, dO, lse2, D of this stage are no longer read
-
-            // the slice -> this consumer's staging boxes (box c: columns [32 c, +32) of the slice, 128-byte rows,
-            // 16-byte chunk k of row r at k ^ (r % 8)), once the previous reduction has read them
-            if (tg == 0) tma::store_wait_read();
-            ws::bar_sync(2 + cw, 128);
-            stage_dq<DQ_N>(dq_boxes, dq, 16 * (warp & 3) + g, t);
-            tma::fence_proxy_async_shared();
-            ws::bar_sync(2 + cw, 128);
-            if (tg == 0) {
+            if constexpr (DQ) {
+                if (tg == 0) tma::store_wait_read();
+                ws::bar_sync(2 + cw, 128);
+                stage_dq<DQ_N>(dq_boxes, dq, 16 * (warp & 3) + g, t);
+                tma::fence_proxy_async_shared();
+                ws::bar_sync(2 + cw, 128);
+                if (tg == 0) {
 #pragma unroll
-                for (int c = 0; c < DQ_N / 32; ++c)
-                    tma::reduce_add_4d(dq_map, dq_boxes + c * DQ_BOX, cq * DQ_N + 32 * c, q_row0 + m0 + 64 * rw, h, b);
-                tma::store_commit();
+                    for (int c = 0; c < DQ_N / 32; ++c)
+                        tma::reduce_add_4d(dq_map, dq_boxes + c * DQ_BOX, cq * DQ_N + 32 * c, q_row0 + m0 + 64 * rw,
+                                           h, b);
+                    tma::store_commit();
+                }
             }
+        };
+        // One branch issues, waits for and consumes the next S^T (ptxas serialises every wgmma when a group is
+        // issued under one condition and waited for under another, even the same one).
+        if (EARLY_S && more) {
+            // the next step's S^T once its stage has landed (with dQ, after the dK/dV group: the P^T and dS^T
+            // registers it reads are free then, which S^T needs); everything but S^T waited for
+            if constexpr (DQ) {
+                wgmma::wait<1>();
+                wgmma::fence_operands(dv_acc);
+                wgmma::fence_operands(dk_acc);
+            }
+            const int s1 = (j + 1) % STAGES;
+            tma::mbar_wait(full + 8 * s1, ((j + 1) / STAGES) & 1);
+            issue_one_t<T, HEAD_DIM, BLOCK_M, BLOCK_N, true>(s_flat, k_wg, sQ + s1 * Q_BYTES);
+            wgmma::wait<1>();
+            finish();
+            first_half(j + 1, next, true);
         } else {
             wgmma::wait<0>();
-            wgmma::fence_operands(dv_acc);
-            wgmma::fence_operands(dk_acc);
-            release(st);
+            finish();
+            if (more) first_half(j + 1, next, false);
         }
+        it = next;
     }
     if constexpr (DQ) {
         if (tg == 0) tma::store_wait_all();  // the staging boxes stay valid until the last reduction is done
