@@ -21,10 +21,12 @@
 //     S^T, dP^T (two wgmma groups); masks and P^T under dP^T; dS^T; dV += P^T dO and dK += dS^T Q issued; dS^T
 //     stored into one of two shared tiles (by step parity, so a consumer that runs ahead never overwrites a tile
 //     the other still multiplies) and, after a named barrier of both consumers, dQ_tile = dS K: consumer c
-//     takes a 64 x DQ_N slice, waits, frees the stage, puts the slice into its own staging boxes (the map's
-//     swizzled box layout: conflict-free float2 stores) and one thread adds them into the accumulator with
+//     takes a 64 x DQ_N slice; once dK/dV are done it issues the next step's S^T (which runs under what follows),
+//     waits for the slice, frees the stage, puts the slice into its own staging boxes (the map's swizzled box
+//     layout: conflict-free float2 stores) and one thread adds them into the accumulator with
 //     cp.reduce.async.bulk.tensor (rows outside the tensor are skipped); the boxes are reused only after that
-//     thread saw the previous reduction read them.
+//     thread saw the previous reduction read them. (The loop's iterations start after dP^T's wait, so no wgmma
+//     group is in flight across its back edge: see the consumer loop.)
 // dK (times the softmax scale) and dV, summed over the group already, go straight from registers to global.
 //
 // Shared memory (1024-byte aligned): K, V (BLOCK_N x HEAD_DIM), STAGES x Q, STAGES x dO (BLOCK_M x HEAD_DIM), with
