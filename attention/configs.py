@@ -117,7 +117,7 @@ class FwdWgmmaConfig:
 class FwdTmaConfig:
     """One instance of ``flash_fwd_tma`` (kernels/flash_fwd_tma.cu, sm_90a only): warp-specialised, 64 query rows
     per consumer warpgroup (two, or three at head dim 64: 128 or 192 rows per CTA; or one: 64 rows, two CTAs per
-    SM) and BLOCK_N KV rows per stage
+    SM, or three with ``ctas_per_sm`` 3 and 64-key stages at head dim 64) and BLOCK_N KV rows per stage
     of an mbarrier ring filled by TMA from a producer warpgroup; ``persistent``: a CTA per SM takes the query tiles
     in rounds (not for packed batches: ``kernel_masks``). Shared memory: Q tile + STAGES x (K + V tiles)
     (+ O's staging rows when persistent), 1 KiB to align them to the swizzle atom, and the barriers (Q, full K,
@@ -131,6 +131,8 @@ class FwdTmaConfig:
     consumers: int = 2  # consumer warpgroups; three (160 registers each) hold head dim 64's accumulators only;
     # one: 64-row CTAs, two per SM (no pingpong, not persistent)
     persistent: bool = False  # a CTA per SM over the query tiles (next tile's Q and K/V under this one's end)
+    ctas_per_sm: int = 0  # 0: the consumers' own (two with one consumer, else one); 3: one consumer at head dim 64
+    # with 64-key stages (80 registers a thread at launch, 128 per consumer)
 
     source = "flash_fwd_tma.cu"
     needs_arch = "sm_90a"
@@ -156,6 +158,10 @@ class FwdTmaConfig:
                              f"{self.head_dim}")
         if self.consumers == 1 and (self.pingpong or self.persistent):
             raise ValueError("one consumer warpgroup (two CTAs per SM) takes neither pingpong nor persistent")
+        if self.ctas_per_sm not in (0, 3) or (self.ctas_per_sm and (self.consumers != 1 or self.head_dim != 64
+                                                                     or self.block_n != 64)):
+            raise ValueError("ctas_per_sm: 0 or 3 (one consumer at head dim 64 with 64-key stages: the 80 registers "
+                             f"a thread has at launch), got {self.ctas_per_sm} for {self}")
 
     def smem_bytes(self) -> int:
         o_staging = self.block_m if self.persistent else 0  # persistent: O's own staging rows (else Q's)
@@ -165,13 +171,14 @@ class FwdTmaConfig:
     def name_expression(self, *, dtype, mask: int = 0) -> str:
         check_mask(mask)
         pp = "true" if self.pingpong else "false"
-        tail = ",true" if self.persistent else ""
+        tail = ",true" if self.persistent else f",false,{self.ctas_per_sm}" if self.ctas_per_sm else ""
         return (f"flash_fwd_tma<{dtypes.ctype(dtype)},{self.head_dim},{self.block_n},{self.stages},{pp},{mask},"
                 f"{self.consumers}{tail}>")
 
     def __str__(self) -> str:
         return (f"FwdTmaConfig(d{self.head_dim} m{self.block_m} n{self.block_n} s{self.stages}"
-                f"{'' if self.pingpong else ' no-pp'}{' persistent' if self.persistent else ''})")
+                f"{'' if self.pingpong else ' no-pp'}{' persistent' if self.persistent else ''}"
+                f"{f' {self.ctas_per_sm}/SM' if self.ctas_per_sm else ''})")
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -265,6 +272,13 @@ _ROWS_192_GAIN = 1.17
 _ONE_CONSUMER_FEW_WAVES = 2
 _ONE_CONSUMER_WAVES = 4
 _ONE_CONSUMER_KEYS = 1024
+# Head dim 64, the 64-row one-consumer tile with 64-key stages at three CTAs per SM ((block_n, stages); planned under a
+# plain causal mask below _CAUSAL_192_KEYS on grids of at least _THREE_PER_SM_WAVES full waves of it: a CTA's start
+# and store, and the ~0.8 us the block scheduler takes to start the next CTA on an SM (docs/perf/attention.md v3.13),
+# run under two other CTAs' loops instead of one. H100: 1.05-1.11x the two-per-SM tile on causal B4-B16 x 1-2k keys;
+# on 256 CTAs (B2 S1024 H8, under one wave) 0.92x.
+_TMA_THREE_PER_SM = {64: ((64, 2),), 128: (), 256: ()}
+_THREE_PER_SM_WAVES = 1
 # Head dim 64 under a causal mask without a window, on a padded batch (segment ids or not): the 192-row tile from
 # this many keys, the 64-row tile of one consumer below. Measured on H100 (v3.11, without segment ids), 192 / 64 rows:
 # 4,096 keys 1.00-1.08x (B4 H8, B8 H16), 8,192-16,384 keys 1.06-1.17x; 2,048 keys 0.95-1.00x, 1,024 keys 0.88x.
@@ -283,6 +297,8 @@ def search_space(head_dim: int) -> list:
     sm_80+ GPU."""
     return ([FwdTmaConfig(head_dim=head_dim, block_n=n, stages=s, consumers=c, pingpong=pp)
              for n, s, c, pp in _TMA_CANDIDATES[head_dim]]
+            + [FwdTmaConfig(head_dim=head_dim, block_n=n, stages=s, consumers=1, pingpong=False, ctas_per_sm=3)
+               for n, s in _TMA_THREE_PER_SM[head_dim]]
             + [FwdTmaConfig(head_dim=head_dim, block_n=n, stages=s, consumers=c, pingpong=pp, persistent=True)
                for n, s, c, pp in _TMA_PERSISTENT[head_dim]]
             + [FwdWgmmaConfig(head_dim=head_dim, block_n=n, warpgroups=w, stages=s)
@@ -306,9 +322,10 @@ def plannable(spec: DeviceSpec, head_dim: int) -> list:
     no_tma = [c for c in space if not needs_tensor_maps(c)]  # without cuda-bindings, or a stride 0
     two_consumers = sorted(space, key=lambda c: getattr(c, "consumers", 2) == 3)  # head dim 64, fewer waves
     one_consumer = sorted(space, key=lambda c: getattr(c, "consumers", 2) != 1)  # head dim 64, small grids
+    three_per_sm = sorted(one_consumer, key=lambda c: getattr(c, "ctas_per_sm", 0) != 3)  # head dim 64, causal
     persistent = sorted(space, key=lambda c: not getattr(c, "persistent", False))
     for order in (space, no_tma, sorted(no_tma, key=lambda c: c.block_m != 64), two_consumers, one_consumer,
-                  persistent):
+                  three_per_sm, persistent):
         fitting = [c for c in order if tiling.fits(c, spec) is None]
         if fitting and fitting[0] not in found:
             found.append(fitting[0])
@@ -495,8 +512,12 @@ def plan_forward(problem: FwdProblem, spec: DeviceSpec) -> tiling.Plan:
         # 192-row tile of three consumers beat both from 4,096 keys (_CAUSAL_192_KEYS)
         in_l2 = _kv_fits_l2(problem, spec)
         consumers = 3 if causal_192 else 1
-        candidates = sorted(candidates, key=lambda c: getattr(c, "consumers", 2) != consumers)
-        reason = (f"one {64 * consumers}-row TMA tile per CTA, "
+        # v3.13: three 64-row CTAs per SM on a plain causal mask where they fill the SMs at least once
+        three = (consumers == 1 and problem.window is None and not problem.segments
+                 and problem.heads * problem.query_tiles(64) >= _THREE_PER_SM_WAVES * 3 * spec.sm_count)
+        candidates = sorted(candidates, key=lambda c: (getattr(c, "consumers", 2) != consumers,
+                                                       (getattr(c, "ctas_per_sm", 0) == 3) != three))
+        reason = (f"one {64 * consumers}-row TMA tile per CTA{', three CTAs per SM' if three else ''}, "
                   f"{'heaviest first across heads' if in_l2 else 'head by head'} "
                   f"(causal, {problem.seq_kv} keys, K/V {'in' if in_l2 else 'not in'} L2); " + reason)
     elif tma_first and balance > _PERSISTENT_MAX_IMBALANCE:

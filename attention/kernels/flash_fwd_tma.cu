@@ -75,19 +75,24 @@ __device__ __forceinline__ unsigned long long fwd_smid() {
 #endif
 
 template <typename T, int HEAD_DIM, int BLOCK_N, int STAGES, bool PINGPONG, int MASK, int CONSUMERS = 2,
-          bool PERSISTENT = false>
-__global__ void __launch_bounds__(128 * (CONSUMERS + 1), CONSUMERS == 1 ? 2 : 1)
+          bool PERSISTENT = false, int CTAS_PER_SM = (CONSUMERS == 1 ? 2 : 1)>
+__global__ void __launch_bounds__(128 * (CONSUMERS + 1), CTAS_PER_SM)
 flash_fwd_tma(const __grid_constant__ tma::TensorMap q_map, const __grid_constant__ tma::TensorMap k_map,
               const __grid_constant__ tma::TensorMap v_map, T* __restrict__ o, float* __restrict__ lse,
               const int* __restrict__ q_ids, const int* __restrict__ kv_ids, const int2* __restrict__ q_tile_ids,
               const int2* __restrict__ kv_tile_ids, int seq_q, int seq_kv, int heads, int kv_group,
               int window_left, int window_right, float scale_log2, int batch, int by_weight) {
     constexpr int BLOCK_M = 64 * CONSUMERS;
-    // the consumers' registers: what the producer's 32 leave of the CTA's launch allocation (the 64 K register
-    // file, or half of it with one consumer: two CTAs per SM), a multiple of 8, <= 232
-    constexpr int CONSUMER_REGS = CONSUMERS == 1 ? 224 : CONSUMERS == 2 ? 232 : 160;
+    // the consumers' registers: what the producer's 32 leave of the CTA's launch allocation, a multiple of 8, <= 232.
+    // setmaxnreg.inc draws on that allocation only: a thread's launch registers (65536 / (threads x CTAS_PER_SM),
+    // rounded down to 8) times the threads; asking for more hangs the CTA. One consumer: two CTAs per SM (224), or
+    // three (CTAS_PER_SM 3: 80 at launch, 128 per consumer; 64-key stages only, 128 keys need more)
+    constexpr int CONSUMER_REGS = CONSUMERS == 1 ? (CTAS_PER_SM == 3 ? 128 : 224) : CONSUMERS == 2 ? 232 : 160;
+    constexpr int LAUNCH_REGS = (65536 / (128 * (CONSUMERS + 1) * CTAS_PER_SM)) & ~7;
     static_assert(CONSUMERS >= 1 && CONSUMERS <= 3, "one to three consumer warpgroups");
-    static_assert(128 * 32 + 128 * CONSUMERS * CONSUMER_REGS <= (CONSUMERS == 1 ? 32768 : 65536), "register file");
+    static_assert(CTAS_PER_SM == (CONSUMERS == 1 ? 2 : 1) || (CONSUMERS == 1 && CTAS_PER_SM == 3 && BLOCK_N == 64),
+                  "CTAs per SM: 2 with one consumer (3 with 64-key stages), else 1");
+    static_assert(128 * 32 + 128 * CONSUMERS * CONSUMER_REGS <= 128 * (CONSUMERS + 1) * LAUNCH_REGS, "register file");
     static_assert(!(PINGPONG && CONSUMERS == 1), "pingpong needs two consumers or more");
     constexpr int CHUNKS = HEAD_DIM / 8;  // 16-byte chunks per row
     constexpr int NT = BLOCK_N / 8;       // 8-column tiles of S
