@@ -450,6 +450,26 @@ def test_persistent_tile_where_measured_faster(monkeypatch):
         assert configs.plan_forward(problem, h100).config.consumers != 1, kw
     with pytest.raises(ValueError, match="neither pingpong nor persistent"):
         configs.FwdTmaConfig(head_dim=64, block_n=128, consumers=1, pingpong=True)
+    # head dim 64 under a plain causal mask below 4,096 keys: the one-consumer tile at three CTAs per SM (64-key
+    # stages) where heads x 64-row tiles fill the SMs three times over, two per SM on smaller grids, neither with a
+    # window or segment ids (v3.13); the three-per-SM tile is a one-consumer, head-dim-64, 64-key-stage tile only
+    def causal64(batch, seq, heads, **kw):
+        return configs.plan_forward(configs.FwdProblem(batch=batch, seq_q=seq, seq_kv=seq, heads=heads,
+                                                       kv_heads=heads, head_dim=64, causal=True, **kw), h100)
+    for batch, seq, heads in ((4, 1024, 8), (8, 1024, 8), (16, 2048, 16), (2, 2048, 16)):
+        plan = causal64(batch, seq, heads)
+        assert plan.config.ctas_per_sm == 3 and plan.config.block_n == 64 and "three CTAs per SM" in plan.reason
+    for batch, seq, heads, kw in ((2, 1024, 8, {}), (3, 1024, 8, {}), (16, 2048, 16, dict(window=(256, 0))),
+                                  (16, 2048, 16, dict(segments=True))):
+        plan = causal64(batch, seq, heads, **kw)
+        assert plan.config.ctas_per_sm == 0 and plan.config.consumers == 1, (batch, seq, kw)
+    assert causal64(1, 4096, 16).config.consumers == 3
+    assert configs.plan_forward(configs.FwdProblem(batch=16, seq_q=2048, seq_kv=2048, heads=16, kv_heads=16,
+                                                   head_dim=64), h100).config.ctas_per_sm == 0
+    for bad in (dict(consumers=2, block_n=64, ctas_per_sm=3), dict(consumers=1, block_n=128, ctas_per_sm=3),
+                dict(consumers=1, block_n=64, ctas_per_sm=3, head_dim=128), dict(consumers=1, block_n=64, ctas_per_sm=2)):
+        with pytest.raises(ValueError, match="ctas_per_sm"):
+            configs.FwdTmaConfig(**{"head_dim": 64, "pingpong": False, **bad})
     # the persistent tiles' order under a causal mask: by weight where the K/V fit L2, head by head else, and one
     # tile per CTA where head by head would leave a CTA far over the mean (configs.persistent_order)
     def order(batch, seq, heads, kv_heads, head_dim):
