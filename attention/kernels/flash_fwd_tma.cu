@@ -90,8 +90,9 @@ flash_fwd_tma(const __grid_constant__ tma::TensorMap q_map, const __grid_constan
     constexpr int CONSUMER_REGS = CONSUMERS == 1 ? (CTAS_PER_SM == 3 ? 128 : 224) : CONSUMERS == 2 ? 232 : 160;
     constexpr int LAUNCH_REGS = (65536 / (128 * (CONSUMERS + 1) * CTAS_PER_SM)) & ~7;
     static_assert(CONSUMERS >= 1 && CONSUMERS <= 3, "one to three consumer warpgroups");
-    static_assert(CTAS_PER_SM == (CONSUMERS == 1 ? 2 : 1) || (CONSUMERS == 1 && CTAS_PER_SM == 3 && BLOCK_N == 64),
-                  "CTAs per SM: 2 with one consumer (3 with 64-key stages), else 1");
+    static_assert(CTAS_PER_SM == (CONSUMERS == 1 ? 2 : 1) ||
+                      (CONSUMERS == 1 && CTAS_PER_SM == 3 && BLOCK_N == 64 && HEAD_DIM == 64),
+                  "CTAs per SM: 2 with one consumer (3 at head dim 64 with 64-key stages), else 1");
     static_assert(128 * 32 + 128 * CONSUMERS * CONSUMER_REGS <= 128 * (CONSUMERS + 1) * LAUNCH_REGS, "register file");
     static_assert(!(PINGPONG && CONSUMERS == 1), "pingpong needs two consumers or more");
     constexpr int CHUNKS = HEAD_DIM / 8;  // 16-byte chunks per row
