@@ -2,7 +2,8 @@
 cache.
 
 - ``flash_attention`` (api.py; tiles and planner in configs.py; kernels/flash_fwd.cu, and on Hopper
-  flash_fwd_tma.cu (warp-specialised, TMA; needs cuda-bindings) or flash_fwd_sm90.cu), ``flash_attention_backward`` (backward.py, bwd_configs.py; kernels/flash_bwd.cu, flash_bwd_sm90.cu);
+  flash_fwd_tma.cu (warp-specialised, TMA; needs cuda-bindings) or flash_fwd_sm90.cu), ``flash_attention_backward``
+  (backward.py, bwd_configs.py; kernels/flash_bwd.cu, and on Hopper flash_bwd_tma.cu or flash_bwd_sm90.cu);
 - ``flash_attention_varlen`` and its backward (varlen.py): packed variable-length batches by cu_seqlens, on the
   same kernels;
 - ``flash_attention_with_kvcache`` (kvcache.py, decode_configs.py; kernels/flash_decode.cu);
