@@ -504,6 +504,10 @@ def test_fwd_timeline_summary_of_stamps(fwd_timeline_tool):
     ph = out["phases"]
     assert abs(ph["q (start -> Q landed)"][50] - 1.0) < 1e-9 and abs(ph["loop (first K -> last P V)"][90] - 5.0) < 1e-9
     assert abs(ph["cta (start -> stored)"][10] - 7.5) < 1e-9
+    # each SM runs CTA c then c + 4: 15 us with one resident, the 1.54 us between them with none
+    assert abs(out["resident_us"][1] - 15.0) < 1e-6 and out["resident_us"][2] == out["resident_us"][3] == 0
+    assert abs(sum(out["resident_us"]) - out["kernel_us"]) < 1e-6
+    assert abs(out["turnaround"][50] - 1.54) < 1e-6 and abs(out["turnaround"][90] - 1.54) < 1e-6
 
 
 @pytest.mark.slow
