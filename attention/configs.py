@@ -279,6 +279,10 @@ _ONE_CONSUMER_KEYS = 1024
 # on 256 CTAs (B2 S1024 H8, under one wave) 0.92x.
 _TMA_THREE_PER_SM = {64: ((64, 2),), 128: (), 256: ()}
 _THREE_PER_SM_WAVES = 1
+# Without a mask (v3.14) on grids where the one-consumer tile is planned (_ONE_CONSUMER_*): the 192-row tile where
+# its CTAs fit one wave and the 64-row tile would need more than two CTAs on an SM (H100: 1.10-1.30x the 64-row tile
+# on four such grids), else the three-per-SM tile where it takes fewer rounds of CTAs on the busiest SM than two per
+# SM (ceil(n / 3) < ceil(n / 2): 3, 5-8 CTAs on an SM; 1.01-1.17x), else two per SM.
 # Head dim 64 under a causal mask without a window, on a padded batch (segment ids or not): the 192-row tile from
 # this many keys, the 64-row tile of one consumer below. Measured on H100 (v3.11, without segment ids), 192 / 64 rows:
 # 4,096 keys 1.00-1.08x (B4 H8, B8 H16), 8,192-16,384 keys 1.06-1.17x; 2,048 keys 0.95-1.00x, 1,024 keys 0.88x.
@@ -539,10 +543,20 @@ def plan_forward(problem: FwdProblem, spec: DeviceSpec) -> tiling.Plan:
         rows = 192 if waves[192] * longer < waves[128] else 128
         few = waves[128] <= _ONE_CONSUMER_FEW_WAVES or (waves[128] <= _ONE_CONSUMER_WAVES
                                                         and problem.seq_kv <= _ONE_CONSUMER_KEYS)
-        if problem.mask == 0 and few:
-            candidates = sorted(candidates, key=lambda c: getattr(c, "consumers", 2) != 1)
-            reason = (f"warp-specialised TMA tile of 64 rows, two CTAs per SM: {waves[128]} waves of 128 rows, "
-                      f"{problem.seq_kv} keys, no mask; " + reason)
+        # 64-row CTAs on the busiest SM, and whether the 192-row tiles fit one wave (v3.14)
+        per_sm = -(-problem.heads * problem.query_tiles(64) // spec.sm_count)
+        one_wave_192 = problem.heads * problem.query_tiles(192) <= spec.sm_count
+        if problem.mask == 0 and few and per_sm > 2 and one_wave_192:
+            candidates = sorted(candidates, key=lambda c: getattr(c, "consumers", 2) != 3)
+            reason = (f"warp-specialised TMA tile of 192 rows in one wave (two CTAs per SM of 64 rows would take "
+                      f"{-(-per_sm // 2)} rounds), no mask; " + reason)
+        elif problem.mask == 0 and few:
+            three = -(-per_sm // 3) < -(-per_sm // 2)
+            candidates = sorted(candidates, key=lambda c: (getattr(c, "consumers", 2) != 1,
+                                                           (getattr(c, "ctas_per_sm", 0) == 3) != three))
+            reason = (f"warp-specialised TMA tile of 64 rows, {'three' if three else 'two'} CTAs per SM: "
+                      f"{per_sm} CTAs on an SM, {waves[128]} waves of 128 rows, {problem.seq_kv} keys, no mask; "
+                      + reason)
         else:
             if rows == 128:
                 candidates = sorted(candidates, key=lambda c: getattr(c, "consumers", 2) == 3)

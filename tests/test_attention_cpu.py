@@ -438,12 +438,23 @@ def test_persistent_tile_where_measured_faster(monkeypatch):
     assert configs.MASK_VARLEN not in configs.kernel_masks(persistent)
     with pytest.raises(ValueError, match="no kernel for mask kind"):
         configs.check_servable(persistent, packed)
-    # head dim 64 without a mask: 64-row tiles of one consumer (two CTAs per SM) on grids of at most two waves of
-    # 128-row tiles, or four of short rows; not on more, nor under a window
-    for kw in (dict(batch=4, seq_q=1024), dict(batch=8, seq_q=1024), dict(batch=1, seq_q=4096)):
-        small = configs.plan_forward(configs.FwdProblem(seq_kv=kw["seq_q"], heads=8, kv_heads=8, head_dim=64, **kw),
-                                     h100)
-        assert small.config.consumers == 1 and small.config.block_m == 64 and "two CTAs per SM" in small.reason, kw
+    # head dim 64 without a mask: 64-row tiles of one consumer on grids of at most two waves of 128-row tiles, or
+    # four of short rows; not on more, nor under a window. Among those (v3.14): two CTAs per SM where that takes as
+    # few rounds of CTAs on the busiest SM as three per SM (4 CTAs there, or up to 2), three per SM where it takes
+    # fewer (3, 5-8), and the 192-row tile where its CTAs fit one wave and the 64-row tile has more than 2 on an SM
+    def plain64(batch, seq, heads):
+        return configs.plan_forward(configs.FwdProblem(batch=batch, seq_q=seq, seq_kv=seq, heads=heads,
+                                                       kv_heads=heads, head_dim=64), h100)
+    for batch, seq, heads in ((4, 1024, 8), (1, 4096, 8), (2, 1024, 8), (1, 1024, 8)):
+        small = plain64(batch, seq, heads)
+        assert (small.config.consumers == 1 and small.config.block_m == 64 and small.config.ctas_per_sm == 0
+                and "two CTAs per SM" in small.reason), (batch, seq, heads)
+    for batch, seq, heads in ((3, 1024, 8), (1, 1024, 24), (5, 1024, 8), (8, 1024, 8)):
+        small = plain64(batch, seq, heads)
+        assert small.config.ctas_per_sm == 3 and "three CTAs per SM" in small.reason, (batch, seq, heads)
+    for batch, seq, heads in ((1, 1024, 18), (5, 512, 8), (1, 2048, 10), (1, 4096, 6)):
+        one_wave = plain64(batch, seq, heads)
+        assert one_wave.config.consumers == 3 and "one wave" in one_wave.reason, (batch, seq, heads)
     for kw in (dict(batch=16, seq_q=2048, seq_kv=2048), dict(batch=1, seq_q=4096, seq_kv=4096),
                dict(batch=2, seq_q=2048, seq_kv=2048), dict(batch=4, seq_q=1024, seq_kv=1024, window=(64, 64))):
         problem = configs.FwdProblem(heads=16, kv_heads=16, head_dim=64, **kw)
