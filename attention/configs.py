@@ -116,8 +116,9 @@ class FwdWgmmaConfig:
 @dataclasses.dataclass(frozen=True, kw_only=True)
 class FwdTmaConfig:
     """One instance of ``flash_fwd_tma`` (kernels/flash_fwd_tma.cu, sm_90a only): warp-specialised, 64 query rows
-    per consumer warpgroup (two, or three at head dim 64: 128 or 192 rows per CTA; or one: 64 rows, two CTAs per
-    SM, or three with ``ctas_per_sm`` 3 and 64-key stages at head dim 64) and BLOCK_N KV rows per stage
+    per consumer warpgroup (two, or three or four at head dim 64: 128, 192 or 256 rows per CTA, four with 64-key
+    stages; or one: 64 rows, two CTAs per SM, or three with ``ctas_per_sm`` 3 and 64-key stages at head dim 64) and
+    BLOCK_N KV rows per stage
     of an mbarrier ring filled by TMA from a producer warpgroup; ``persistent``: a CTA per SM takes the query tiles
     in rounds (not for packed batches: ``kernel_masks``). Shared memory: Q tile + STAGES x (K + V tiles)
     (+ O's staging rows when persistent), 1 KiB to align them to the swizzle atom, and the barriers (Q, full K,
@@ -128,8 +129,8 @@ class FwdTmaConfig:
     block_n: int
     stages: int = 2
     pingpong: bool = True  # the consumers take turns issuing their GEMMs (softmax of one under the other's MMAs)
-    consumers: int = 2  # consumer warpgroups; three (160 registers each) hold head dim 64's accumulators only;
-    # one: 64-row CTAs, two per SM (no pingpong, not persistent)
+    consumers: int = 2  # consumer warpgroups; three (160 registers each) or four (112, 64-key stages) hold head dim
+    # 64's accumulators only; one: 64-row CTAs, two per SM (no pingpong, not persistent)
     persistent: bool = False  # a CTA per SM over the query tiles (next tile's Q and K/V under this one's end)
     ctas_per_sm: int = 0  # 0: the consumers' own (two with one consumer, else one); 3: one consumer at head dim 64
     # with 64-key stages (80 registers a thread at launch, 128 per consumer)
@@ -153,9 +154,10 @@ class FwdTmaConfig:
             raise ValueError(f"block_n must be 64, 80 or 128, got {self.block_n}")
         if self.stages < 2:
             raise ValueError(f"stages must be >= 2, got {self.stages}")
-        if self.consumers not in (1, 2, 3) or (self.consumers == 3 and self.head_dim != 64):
-            raise ValueError(f"consumers must be 1, 2 (or 3 at head dim 64), got {self.consumers} at head dim "
-                             f"{self.head_dim}")
+        if (self.consumers not in (1, 2, 3, 4) or (self.consumers >= 3 and self.head_dim != 64)
+                or (self.consumers == 4 and self.block_n != 64)):
+            raise ValueError(f"consumers must be 1, 2 (or 3 at head dim 64, 4 there with 64-key stages), got "
+                             f"{self.consumers} at head dim {self.head_dim}, block_n {self.block_n}")
         if self.consumers == 1 and (self.pingpong or self.persistent):
             raise ValueError("one consumer warpgroup (two CTAs per SM) takes neither pingpong nor persistent")
         if self.ctas_per_sm not in (0, 3) or (self.ctas_per_sm and (self.consumers != 1 or self.head_dim != 64
@@ -279,10 +281,17 @@ _ONE_CONSUMER_KEYS = 1024
 # on 256 CTAs (B2 S1024 H8, under one wave) 0.92x.
 _TMA_THREE_PER_SM = {64: ((64, 2),), 128: (), 256: ()}
 _THREE_PER_SM_WAVES = 1
-# Without a mask (v3.14) on grids where the one-consumer tile is planned (_ONE_CONSUMER_*): the 192-row tile where
-# its CTAs fit one wave and the 64-row tile would need more than two CTAs on an SM (H100: 1.10-1.30x the 64-row tile
-# on four such grids), else the three-per-SM tile where it takes fewer rounds of CTAs on the busiest SM than two per
-# SM (ceil(n / 3) < ceil(n / 2): 3, 5-8 CTAs on an SM; 1.01-1.17x), else two per SM.
+# Head dim 64, the 256-row tile: four consumers (112 registers each, the producer 24) over 64-key stages
+# ((block_n, stages, pingpong)); planned without a mask (v3.15)
+_TMA_FOUR_CONSUMERS = {64: ((64, 4, True),), 128: (), 256: ()}
+# Without a mask (v3.14, v3.15), by rounds of CTAs on the busiest SM. On grids where the one-consumer tile is planned
+# (_ONE_CONSUMER_*), with n 64-row CTAs on the busiest SM: the 192-row tile where its CTAs fit one wave and n > 2
+# (H100: 1.10-1.30x the 64-row tile), else the 256-row tile where it takes fewer rounds than three per SM
+# (n = 4, 7, 8: 1.00-1.12x), else three per SM where that takes fewer rounds than two per SM (n = 3, 5, 6:
+# 1.04-1.25x), else two per SM. On larger grids the 128-, 192- or 256-row tile with the least rounds x
+# _ROWS_LONGER (a CTA's time over a 128-row CTA's: rows over each tile's measured rate; the 256-row tile's taken 5 %
+# above its measured 1.07x the 192-row tile's, as a margin: its rounds must save that much).
+_ROWS_LONGER = {128: 1.0, 192: 1.5 / _ROWS_192_GAIN, 256: 2.0 / _ROWS_192_GAIN * 1.07 * 1.05}
 # Head dim 64 under a causal mask without a window, on a padded batch (segment ids or not): the 192-row tile from
 # this many keys, the 64-row tile of one consumer below. Measured on H100 (v3.11, without segment ids), 192 / 64 rows:
 # 4,096 keys 1.00-1.08x (B4 H8, B8 H16), 8,192-16,384 keys 1.06-1.17x; 2,048 keys 0.95-1.00x, 1,024 keys 0.88x.
@@ -303,6 +312,8 @@ def search_space(head_dim: int) -> list:
              for n, s, c, pp in _TMA_CANDIDATES[head_dim]]
             + [FwdTmaConfig(head_dim=head_dim, block_n=n, stages=s, consumers=1, pingpong=False, ctas_per_sm=3)
                for n, s in _TMA_THREE_PER_SM[head_dim]]
+            + [FwdTmaConfig(head_dim=head_dim, block_n=n, stages=s, consumers=4, pingpong=pp)
+               for n, s, pp in _TMA_FOUR_CONSUMERS[head_dim]]
             + [FwdTmaConfig(head_dim=head_dim, block_n=n, stages=s, consumers=c, pingpong=pp, persistent=True)
                for n, s, c, pp in _TMA_PERSISTENT[head_dim]]
             + [FwdWgmmaConfig(head_dim=head_dim, block_n=n, warpgroups=w, stages=s)
@@ -327,9 +338,10 @@ def plannable(spec: DeviceSpec, head_dim: int) -> list:
     two_consumers = sorted(space, key=lambda c: getattr(c, "consumers", 2) == 3)  # head dim 64, fewer waves
     one_consumer = sorted(space, key=lambda c: getattr(c, "consumers", 2) != 1)  # head dim 64, small grids
     three_per_sm = sorted(one_consumer, key=lambda c: getattr(c, "ctas_per_sm", 0) != 3)  # head dim 64, causal
+    four_consumers = sorted(space, key=lambda c: getattr(c, "consumers", 2) != 4)  # head dim 64, no mask
     persistent = sorted(space, key=lambda c: not getattr(c, "persistent", False))
     for order in (space, no_tma, sorted(no_tma, key=lambda c: c.block_m != 64), two_consumers, one_consumer,
-                  three_per_sm, persistent):
+                  three_per_sm, four_consumers, persistent):
         fitting = [c for c in order if tiling.fits(c, spec) is None]
         if fitting and fitting[0] not in found:
             found.append(fitting[0])
@@ -538,9 +550,9 @@ def plan_forward(problem: FwdProblem, spec: DeviceSpec) -> tiling.Plan:
         candidates = persistent + others
         reason = "persistent warp-specialised TMA tile (causal/window mask or head dim 128); " + reason
     elif tma_first and problem.head_dim == 64:
-        waves = {m: -(-problem.heads * problem.query_tiles(m) // spec.sm_count) for m in (128, 192)}
-        longer = 1.5 / _ROWS_192_GAIN  # a 192-row CTA's time over a 128-row one's
-        rows = 192 if waves[192] * longer < waves[128] else 128
+        waves = {m: -(-problem.heads * problem.query_tiles(m) // spec.sm_count) for m in (128, 192, 256)}
+        cost = {m: waves[m] * _ROWS_LONGER[m] for m in waves}
+        rows = min((128, 192, 256) if problem.mask == 0 else (128, 192), key=lambda m: (cost[m], m == 256))
         few = waves[128] <= _ONE_CONSUMER_FEW_WAVES or (waves[128] <= _ONE_CONSUMER_WAVES
                                                         and problem.seq_kv <= _ONE_CONSUMER_KEYS)
         # 64-row CTAs on the busiest SM, and whether the 192-row tiles fit one wave (v3.14)
@@ -550,6 +562,10 @@ def plan_forward(problem: FwdProblem, spec: DeviceSpec) -> tiling.Plan:
             candidates = sorted(candidates, key=lambda c: getattr(c, "consumers", 2) != 3)
             reason = (f"warp-specialised TMA tile of 192 rows in one wave (two CTAs per SM of 64 rows would take "
                       f"{-(-per_sm // 2)} rounds), no mask; " + reason)
+        elif problem.mask == 0 and few and waves[256] < -(-per_sm // 3):
+            candidates = sorted(candidates, key=lambda c: getattr(c, "consumers", 2) != 4)
+            reason = (f"warp-specialised TMA tile of 256 rows: {waves[256]} rounds of it against "
+                      f"{-(-per_sm // 3)} of three 64-row CTAs per SM, no mask; " + reason)
         elif problem.mask == 0 and few:
             three = -(-per_sm // 3) < -(-per_sm // 2)
             candidates = sorted(candidates, key=lambda c: (getattr(c, "consumers", 2) != 1,
@@ -559,9 +575,12 @@ def plan_forward(problem: FwdProblem, spec: DeviceSpec) -> tiling.Plan:
                       + reason)
         else:
             if rows == 128:
-                candidates = sorted(candidates, key=lambda c: getattr(c, "consumers", 2) == 3)
-            reason = (f"warp-specialised TMA tile of {rows} rows: {waves[128]} waves of 128 rows against "
-                      f"{waves[192]} of 192 ({longer:.2f}x as long each); " + reason)
+                candidates = sorted(candidates, key=lambda c: getattr(c, "consumers", 2) in (3, 4))
+            elif rows == 256:
+                candidates = sorted(candidates, key=lambda c: getattr(c, "consumers", 2) != 4)
+            reason = (f"warp-specialised TMA tile of {rows} rows: waves of 128 / 192 / 256 rows "
+                      f"{waves[128]} / {waves[192]} / {waves[256]}, x {_ROWS_LONGER[192]:.2f} / "
+                      f"{_ROWS_LONGER[256]:.2f} as long each; " + reason)
     elif tma_first:
         reason = "warp-specialised TMA tile (first on sm_90a, any grid); " + reason
     elif ctas_128 < spec.sm_count:

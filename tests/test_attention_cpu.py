@@ -185,6 +185,7 @@ def test_wgmma_is_not_serialised(sass_tool):
         pytest.skip("no nvdisasm here (pip install 'cukernels[sass]'): the SASS is not checked")
     cases = [("flash_fwd_tma.cu", "flash_fwd_tma<__nv_bfloat16,64,128,2,false,0,1>"),
              ("flash_fwd_tma.cu", "flash_fwd_tma<__nv_bfloat16,128,128,2,true,0,2,true>"),
+             ("flash_fwd_tma.cu", "flash_fwd_tma<__nv_bfloat16,64,64,4,true,0,4>"),
              ("flash_bwd_tma.cu", "flash_bwd_tma<__nv_bfloat16,128,64,3,0,true>"),
              ("flash_bwd_tma.cu", "flash_bwd_tma<__half,128,64,3,1,false>"),
              ("flash_bwd_tma.cu", "flash_bwd_tma<__nv_bfloat16,64,128,2,3,true>"),
@@ -438,23 +439,35 @@ def test_persistent_tile_where_measured_faster(monkeypatch):
     assert configs.MASK_VARLEN not in configs.kernel_masks(persistent)
     with pytest.raises(ValueError, match="no kernel for mask kind"):
         configs.check_servable(persistent, packed)
-    # head dim 64 without a mask: 64-row tiles of one consumer on grids of at most two waves of 128-row tiles, or
-    # four of short rows; not on more, nor under a window. Among those (v3.14): two CTAs per SM where that takes as
-    # few rounds of CTAs on the busiest SM as three per SM (4 CTAs there, or up to 2), three per SM where it takes
-    # fewer (3, 5-8), and the 192-row tile where its CTAs fit one wave and the 64-row tile has more than 2 on an SM
+    # head dim 64 without a mask, by rounds of CTAs on the busiest SM (v3.14, v3.15). Where the one-consumer tile's
+    # bounds hold (at most two waves of 128-row tiles, or four of short rows), with n 64-row CTAs on the busiest SM:
+    # two per SM for n <= 2; the 192-row tile where its CTAs fit one wave and n > 2; the 256-row tile where it takes
+    # fewer rounds than three per SM (n = 4, 7, 8); three per SM where that takes fewer rounds than two (n = 3, 5, 6).
+    # Beyond those bounds the 128-, 192- or 256-row tile by rounds x each one's time (_ROWS_LONGER)
     def plain64(batch, seq, heads):
         return configs.plan_forward(configs.FwdProblem(batch=batch, seq_q=seq, seq_kv=seq, heads=heads,
                                                        kv_heads=heads, head_dim=64), h100)
-    for batch, seq, heads in ((4, 1024, 8), (1, 4096, 8), (2, 1024, 8), (1, 1024, 8)):
+    for batch, seq, heads in ((2, 1024, 8), (1, 1024, 8)):
         small = plain64(batch, seq, heads)
         assert (small.config.consumers == 1 and small.config.block_m == 64 and small.config.ctas_per_sm == 0
                 and "two CTAs per SM" in small.reason), (batch, seq, heads)
-    for batch, seq, heads in ((3, 1024, 8), (1, 1024, 24), (5, 1024, 8), (8, 1024, 8)):
+    for batch, seq, heads in ((3, 1024, 8), (1, 1024, 24), (5, 1024, 8), (6, 1024, 8)):
         small = plain64(batch, seq, heads)
         assert small.config.ctas_per_sm == 3 and "three CTAs per SM" in small.reason, (batch, seq, heads)
     for batch, seq, heads in ((1, 1024, 18), (5, 512, 8), (1, 2048, 10), (1, 4096, 6)):
         one_wave = plain64(batch, seq, heads)
         assert one_wave.config.consumers == 3 and "one wave" in one_wave.reason, (batch, seq, heads)
+    for batch, seq, heads in ((4, 1024, 8), (1, 4096, 8), (8, 1024, 8), (16, 1024, 16), (4, 4096, 8), (3, 1024, 32)):
+        rows256 = plain64(batch, seq, heads)
+        assert (rows256.config.consumers == 4 and rows256.config.block_m == 256 and rows256.config.block_n == 64
+                and "256 rows" in rows256.reason), (batch, seq, heads)
+    for batch, seq, heads in ((16, 2048, 16), (8, 2048, 16), (4, 4096, 16)):
+        assert plain64(batch, seq, heads).config.consumers == 3, (batch, seq, heads)
+    segments = configs.FwdProblem(batch=4, seq_q=1024, seq_kv=1024, heads=8, kv_heads=8, head_dim=64, segments=True)
+    assert configs.plan_forward(segments, h100).config.consumers != 4  # measured without a mask only
+    for bad in (dict(block_n=128), dict(head_dim=128, block_n=64)):
+        with pytest.raises(ValueError, match="consumers"):
+            configs.FwdTmaConfig(**{"head_dim": 64, "consumers": 4, **bad})
     for kw in (dict(batch=16, seq_q=2048, seq_kv=2048), dict(batch=1, seq_q=4096, seq_kv=4096),
                dict(batch=2, seq_q=2048, seq_kv=2048), dict(batch=4, seq_q=1024, seq_kv=1024, window=(64, 64))):
         problem = configs.FwdProblem(heads=16, kv_heads=16, head_dim=64, **kw)

@@ -12,21 +12,22 @@
 // stored as query rows.
 //
 // Grid: (query tiles, heads, batch) as flash_fwd_wgmma, heaviest (last) query tiles first; BLOCK_M = 64 x
-// CONSUMERS (128 or, at head dim 64, 192: each K/V stage then feeds 1.5x the query rows; or 64 with one consumer
-// and no pingpong, two CTAs per SM: one's start and epilogue run under the other's loop). PERSISTENT: at most one
+// CONSUMERS (128 or, at head dim 64, 192 or 256: each K/V stage then feeds 1.5x or 2x the query rows, 256 with
+// 64-key stages; or 64 with one consumer and no pingpong, two CTAs per SM: one's start and epilogue run under the
+// other's loop, or three with 64-key stages). PERSISTENT: at most one
 // CTA per SM, each taking query tiles in rounds (tile_at below); the K/V ring runs on from one tile to the next,
 // the producer loads the next tile's Q once every consumer has released this one's (q_empty, after its last
 // Q K^T), and O is staged in its own rows behind the K/V stages, so the next tile's loads overlap this one's last
 // P V and epilogue. Not for packed batches (their CTAs map tiles from the sequences).
 // Block: 128 x (CONSUMERS + 1) threads = a producer warpgroup and CONSUMERS consumer warpgroups.
-//   warpgroup 0, the producer (setmaxnreg 32): lane 0 of warp 0 loads Q once (q_bar), then per visible KV tile j
+//   warpgroup 0, the producer (setmaxnreg 32; 24 with four consumers): lane 0 of warp 0 loads Q once (q_bar), then per visible KV tile j
 //     waits until K's slot of stage j % STAGES is free (empty_k: every consumer's Q K^T of the tile that held it
 //     is done) and loads K (full_k), then the same for V (empty_v after every consumer's P V; full_v); each
 //     barrier is told the bytes it must see first. K is freed a GEMM earlier than V, so the next K arrives sooner.
 //     The first tile's Q and first K/V stage are issued by that same thread right after it initialises the
 //     barriers, before the CTA-wide __syncthreads (not for packed batches, whose tile lookup is a warp scan).
-//   warpgroups 1.., the consumers (setmaxnreg 232 with two, 160 with three, 224 with one: the CTA's registers
-//     split so that the producer keeps 32): consumer c owns query rows [64 c, 64 c + 64). Per tile:
+//   warpgroups 1.., the consumers (setmaxnreg 232 with two, 160 with three, 112 with four, 224 with one (128 at
+//     three CTAs per SM): the CTA's launch registers split so that the producer keeps 32 (24)): consumer c owns query rows [64 c, 64 c + 64). Per tile:
 //       S(j+1) = Q K(j+1)^T      issued (wgmma m64n{BLOCK_N}k16, both operands from shared memory)
 //       O += P(j) V(j)           issued (P from registers, V MN-major in shared memory)
 //       wait for S(j+1), release K(j+1); masks and softmax of S(j+1) (new max, exponentials, row sums) while
@@ -86,14 +87,19 @@ flash_fwd_tma(const __grid_constant__ tma::TensorMap q_map, const __grid_constan
     // the consumers' registers: what the producer's 32 leave of the CTA's launch allocation, a multiple of 8, <= 232.
     // setmaxnreg.inc draws on that allocation only: a thread's launch registers (65536 / (threads x CTAS_PER_SM),
     // rounded down to 8) times the threads; asking for more hangs the CTA. One consumer: two CTAs per SM (224), or
-    // three (CTAS_PER_SM 3: 80 at launch, 128 per consumer; 64-key stages only, 128 keys need more)
-    constexpr int CONSUMER_REGS = CONSUMERS == 1 ? (CTAS_PER_SM == 3 ? 128 : 224) : CONSUMERS == 2 ? 232 : 160;
+    // three (CTAS_PER_SM 3: 80 at launch, 128 per consumer; 64-key stages only, 128 keys need more). Four consumers:
+    // 96 at launch, the producer 24, 112 each (64-key stages only)
+    constexpr int CONSUMER_REGS =
+        CONSUMERS == 1 ? (CTAS_PER_SM == 3 ? 128 : 224) : CONSUMERS == 2 ? 232 : CONSUMERS == 3 ? 160 : 112;
+    constexpr int PRODUCER_REGS = CONSUMERS == 4 ? 24 : 32;
     constexpr int LAUNCH_REGS = (65536 / (128 * (CONSUMERS + 1) * CTAS_PER_SM)) & ~7;
-    static_assert(CONSUMERS >= 1 && CONSUMERS <= 3, "one to three consumer warpgroups");
+    static_assert(CONSUMERS >= 1 && CONSUMERS <= 4, "one to four consumer warpgroups");
+    static_assert(CONSUMERS < 4 || (HEAD_DIM == 64 && BLOCK_N == 64), "four consumers: head dim 64, 64-key stages");
     static_assert(CTAS_PER_SM == (CONSUMERS == 1 ? 2 : 1) ||
                       (CONSUMERS == 1 && CTAS_PER_SM == 3 && BLOCK_N == 64 && HEAD_DIM == 64),
                   "CTAs per SM: 2 with one consumer (3 at head dim 64 with 64-key stages), else 1");
-    static_assert(128 * 32 + 128 * CONSUMERS * CONSUMER_REGS <= 128 * (CONSUMERS + 1) * LAUNCH_REGS, "register file");
+    static_assert(128 * PRODUCER_REGS + 128 * CONSUMERS * CONSUMER_REGS <= 128 * (CONSUMERS + 1) * LAUNCH_REGS,
+                  "register file");
     static_assert(!(PINGPONG && CONSUMERS == 1), "pingpong needs two consumers or more");
     constexpr int CHUNKS = HEAD_DIM / 8;  // 16-byte chunks per row
     constexpr int NT = BLOCK_N / 8;       // 8-column tiles of S
@@ -246,7 +252,7 @@ flash_fwd_tma(const __grid_constant__ tma::TensorMap q_map, const __grid_constan
     pdl::enter();  // set up: from here on the previous kernel's outputs are read and ours written
 
     if (wg == 0) {  // ---------------------------------------------------------------- producer
-        ws::regs_dec<32>();
+        ws::regs_dec<PRODUCER_REGS>();
         // warp 0 looks its tile up together (a packed batch's lookup is a warp scan), lane 0 loads; a persistent
         // CTA's lookups are arithmetic: lane 0 alone
         if (warp != 0 || (PERSISTENT && lane != 0)) return;
