@@ -31,18 +31,18 @@ __device__ __forceinline__ void load_rows_blocked(unsigned dst, const T* src, lo
 
 // S = Q K^T for one warpgroup of a forward kernel: its 64 rows of the BLOCK_M-row Q tile (q_wg: the rows' start
 // inside the first 64-column block) against the BLOCK_N-row K tile at k_st, both blocked with the 128-byte
-// swizzle; S is zeroed first; one wgmma group is committed and not waited for.
+// swizzle; the first k-step starts the sum (the accumulate predicate off: no zeroing of S, which ptxas did as 64
+// register moves per K/V tile in the persistent tile's loop, stop 49); one wgmma group is committed and not waited
+// for.
 template <typename T, int HEAD_DIM, int BLOCK_M, int BLOCK_N>
 __device__ __forceinline__ void issue_qk(float (&s)[BLOCK_N / 2], unsigned q_wg, unsigned k_st) {
-#pragma unroll
-    for (int i = 0; i < BLOCK_N / 2; ++i) s[i] = 0.f;
-    wgmma::fence_operands(s);
     wgmma::fence();
     const unsigned q_lo = wgmma::desc_lo_k_major(q_wg), k_lo = wgmma::desc_lo_k_major(k_st);
 #pragma unroll
     for (int kk = 0; kk < HEAD_DIM / 16; ++kk)
         wgmma::mma_ss<T, BLOCK_N>(s, wgmma::desc_of(q_lo + (((kk >> 2) * (BLOCK_M * 128) + (kk & 3) * 32) >> 4)),
-                                  wgmma::desc_of(k_lo + (((kk >> 2) * (BLOCK_N * 128) + (kk & 3) * 32) >> 4)));
+                                  wgmma::desc_of(k_lo + (((kk >> 2) * (BLOCK_N * 128) + (kk & 3) * 32) >> 4)),
+                                  kk > 0);
     wgmma::commit();
 }
 
