@@ -30,7 +30,7 @@ def _tool(name: str):
 
 @pytest.fixture(scope="session")
 def sass_tool():
-    """tools/sass.py: nvdisasm(), disassemble(), opcode()."""
+    """tools/sass.py: nvdisasm(), disassemble(), opcode(), loops(), register_moves()."""
     return _tool("sass")
 
 

@@ -6,6 +6,7 @@
     python tools/sass.py SRC --expr E --count                   # opcode counts only
     python tools/sass.py SRC --expr E --save-cubin DIR          # on a device: that machine's NVRTC build, to read here
     python tools/sass.py --cubin DIR/E.cubin --at 0x9c30        # a saved build
+    python tools/sass.py SRC --expr E --loops                   # each loop (a back edge): size, opcode counts
 
 Offsets are what compute-sanitizer and ncu report (``kernel+0x9c30``). They belong to the build that ran: a device
 whose NVRTC differs from this machine's compiles other code, so map a device's report through ``--save-cubin`` run
@@ -29,6 +30,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from cukernels import compile as ccompile  # noqa: E402
 
 _LINE = re.compile(r"/\*([0-9a-f]{4,})\*/\s+(.*?)\s*;")
+_LABEL = re.compile(r"^\s*\.(L_x_\d+):")
+_BRANCH = re.compile(r"BRA.*`\(\.(L_x_\d+)\)")
 
 
 def nvdisasm() -> str | None:
@@ -44,13 +47,37 @@ def nvdisasm() -> str | None:
     return None
 
 
-def disassemble(data: bytes, tool: str) -> list[tuple[int, str]]:
-    """(offset, instruction) of every instruction in a single-kernel cubin."""
+def _listing(data: bytes, tool: str) -> str:
     with tempfile.NamedTemporaryFile(suffix=".cubin") as f:
         f.write(data)
         f.flush()
-        text = subprocess.run([tool, "-c", f.name], capture_output=True, text=True, check=True).stdout
-    return [(int(m.group(1), 16), m.group(2)) for m in _LINE.finditer(text)]
+        return subprocess.run([tool, "-c", f.name], capture_output=True, text=True, check=True).stdout
+
+
+def disassemble(data: bytes, tool: str) -> list[tuple[int, str]]:
+    """(offset, instruction) of every instruction in a single-kernel cubin."""
+    return [(int(m.group(1), 16), m.group(2)) for m in _LINE.finditer(_listing(data, tool))]
+
+
+def loops(data: bytes, tool: str) -> list[list[str]]:
+    """The instructions of every loop of a single-kernel cubin, in code order: for each branch back to a label at
+    or before it, the instructions from that label to the branch (nested loops appear once each)."""
+    labels, instrs = {}, []
+    for line in _listing(data, tool).splitlines():
+        if m := _LABEL.match(line):
+            labels[m.group(1)] = len(instrs)
+        elif m := _LINE.search(line):
+            instrs.append(m.group(2))
+    found = []
+    for i, instr in enumerate(instrs):
+        if (m := _BRANCH.search(instr)) and m.group(1) in labels and labels[m.group(1)] <= i:
+            found.append(instrs[labels[m.group(1)]:i + 1])
+    return found
+
+
+def register_moves(instrs: list[str]) -> int:
+    """Plain register moves (MOV, IMAD.MOV: what ptxas emits to copy or zero registers) among ``instrs``."""
+    return sum(opcode(i) == "MOV" or " IMAD.MOV" in f" {i}" for i in instrs)
 
 
 def opcode(instr: str) -> str:
@@ -70,6 +97,7 @@ def main(argv=None) -> int:
     p.add_argument("--save-cubin", type=Path, metavar="DIR", help="write the cubin into DIR and stop")
     p.add_argument("--at", help="comma-separated offsets (hex, as sanitizer reports print them): those instructions")
     p.add_argument("--count", action="store_true", help="opcode counts instead of the listing")
+    p.add_argument("--loops", action="store_true", help="each loop's size, register moves and opcode counts")
     args = p.parse_args(argv)
     if args.cubin is not None:
         data = args.cubin.read_bytes()
@@ -87,6 +115,12 @@ def main(argv=None) -> int:
     if tool is None:
         print("no nvdisasm: put it on PATH, set NVDISASM, or pip install nvidia-cuda-nvdisasm", file=sys.stderr)
         return 2
+    if args.loops:
+        for n, body in enumerate(loops(data, tool)):
+            counts = collections.Counter(opcode(i) for i in body)
+            print(f"loop {n}: {len(body)} instructions, {register_moves(body)} register moves; "
+                  + ", ".join(f"{op} {k}" for op, k in counts.most_common(8)))
+        return 0
     listing = disassemble(data, tool)
     if args.at:
         wanted = {int(x, 16) for x in args.at.split(",")}
