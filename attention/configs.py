@@ -118,11 +118,10 @@ class FwdTmaConfig:
     """One instance of ``flash_fwd_tma`` (kernels/flash_fwd_tma.cu, sm_90a only): warp-specialised, 64 query rows
     per consumer warpgroup (two, or three or four at head dim 64: 128, 192 or 256 rows per CTA, four with 64-key
     stages; or one: 64 rows, two CTAs per SM, or three with ``ctas_per_sm`` 3 and 64-key stages at head dim 64) and
-    BLOCK_N KV rows per stage
-    of an mbarrier ring filled by TMA from a producer warpgroup; ``persistent``: a CTA per SM takes the query tiles
-    in rounds (not for packed batches: ``kernel_masks``). Shared memory: Q tile + STAGES x (K + V tiles)
-    (+ O's staging rows when persistent), 1 KiB to align them to the swizzle atom, and the barriers (Q, full K,
-    full V and empty per stage; Q empty when persistent). Needs cuda-bindings for the tensor maps and q/k/v
+    BLOCK_N KV rows per stage of an mbarrier ring filled by TMA from a producer warpgroup; ``persistent``: a CTA per
+    SM takes the query tiles in rounds (not for packed batches: ``kernel_masks``). Shared memory: Q tile + STAGES x
+    (K + V tiles) (+ O's staging rows when persistent), 1 KiB to align them to the swizzle atom, and the barriers
+    (Q, full K, full V and empty per stage; Q empty when persistent). Needs cuda-bindings for the tensor maps and q/k/v
     strides a tensor map can describe (``FwdProblem.tma_layout``)."""
 
     head_dim: int
@@ -555,19 +554,21 @@ def plan_forward(problem: FwdProblem, spec: DeviceSpec) -> tiling.Plan:
         rows = min((128, 192, 256) if problem.mask == 0 else (128, 192), key=lambda m: (cost[m], m == 256))
         few = waves[128] <= _ONE_CONSUMER_FEW_WAVES or (waves[128] <= _ONE_CONSUMER_WAVES
                                                         and problem.seq_kv <= _ONE_CONSUMER_KEYS)
-        # 64-row CTAs on the busiest SM, and whether the 192-row tiles fit one wave (v3.14)
+        # 64-row CTAs on the busiest SM, the rounds they take at two and at three per SM, and whether the 192-row
+        # tiles fit one wave (v3.14, v3.15)
         per_sm = -(-problem.heads * problem.query_tiles(64) // spec.sm_count)
-        one_wave_192 = problem.heads * problem.query_tiles(192) <= spec.sm_count
+        rounds = {k: -(-per_sm // k) for k in (2, 3)}
+        one_wave_192 = waves[192] == 1
         if problem.mask == 0 and few and per_sm > 2 and one_wave_192:
             candidates = sorted(candidates, key=lambda c: getattr(c, "consumers", 2) != 3)
             reason = (f"warp-specialised TMA tile of 192 rows in one wave (two CTAs per SM of 64 rows would take "
-                      f"{-(-per_sm // 2)} rounds), no mask; " + reason)
-        elif problem.mask == 0 and few and waves[256] < -(-per_sm // 3):
+                      f"{rounds[2]} rounds), no mask; " + reason)
+        elif problem.mask == 0 and few and waves[256] < rounds[3]:
             candidates = sorted(candidates, key=lambda c: getattr(c, "consumers", 2) != 4)
             reason = (f"warp-specialised TMA tile of 256 rows: {waves[256]} rounds of it against "
-                      f"{-(-per_sm // 3)} of three 64-row CTAs per SM, no mask; " + reason)
+                      f"{rounds[3]} of three 64-row CTAs per SM, no mask; " + reason)
         elif problem.mask == 0 and few:
-            three = -(-per_sm // 3) < -(-per_sm // 2)
+            three = rounds[3] < rounds[2]
             candidates = sorted(candidates, key=lambda c: (getattr(c, "consumers", 2) != 1,
                                                            (getattr(c, "ctas_per_sm", 0) == 3) != three))
             reason = (f"warp-specialised TMA tile of 64 rows, {'three' if three else 'two'} CTAs per SM: "

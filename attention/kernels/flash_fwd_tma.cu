@@ -14,20 +14,22 @@
 // Grid: (query tiles, heads, batch) as flash_fwd_wgmma, heaviest (last) query tiles first; BLOCK_M = 64 x
 // CONSUMERS (128 or, at head dim 64, 192 or 256: each K/V stage then feeds 1.5x or 2x the query rows, 256 with
 // 64-key stages; or 64 with one consumer and no pingpong, two CTAs per SM: one's start and epilogue run under the
-// other's loop, or three with 64-key stages). PERSISTENT: at most one
-// CTA per SM, each taking query tiles in rounds (tile_at below); the K/V ring runs on from one tile to the next,
-// the producer loads the next tile's Q once every consumer has released this one's (q_empty, after its last
-// Q K^T), and O is staged in its own rows behind the K/V stages, so the next tile's loads overlap this one's last
-// P V and epilogue. Not for packed batches (their CTAs map tiles from the sequences).
+// other's loop, or three with 64-key stages). PERSISTENT: at most one CTA per SM, each taking query tiles in rounds
+// (tile_at below); the K/V ring runs on from one tile to the next, the producer loads the next tile's Q once every
+// consumer has released this one's (q_empty, after its last Q K^T), and O is staged in its own rows behind the K/V
+// stages, so the next tile's loads overlap this one's last P V and epilogue. Not for packed batches (their CTAs map
+// tiles from the sequences).
 // Block: 128 x (CONSUMERS + 1) threads = a producer warpgroup and CONSUMERS consumer warpgroups.
-//   warpgroup 0, the producer (setmaxnreg 32; 24 with four consumers): lane 0 of warp 0 loads Q once (q_bar), then per visible KV tile j
-//     waits until K's slot of stage j % STAGES is free (empty_k: every consumer's Q K^T of the tile that held it
-//     is done) and loads K (full_k), then the same for V (empty_v after every consumer's P V; full_v); each
-//     barrier is told the bytes it must see first. K is freed a GEMM earlier than V, so the next K arrives sooner.
-//     The first tile's Q and first K/V stage are issued by that same thread right after it initialises the
-//     barriers, before the CTA-wide __syncthreads (not for packed batches, whose tile lookup is a warp scan).
-//   warpgroups 1.., the consumers (setmaxnreg 232 with two, 160 with three, 112 with four, 224 with one (128 at
-//     three CTAs per SM): the CTA's launch registers split so that the producer keeps 32 (24)): consumer c owns query rows [64 c, 64 c + 64). Per tile:
+//   warpgroup 0, the producer (setmaxnreg 32; 24 with four consumers): lane 0 of warp 0 loads Q once (q_bar),
+//     then per visible KV tile j waits until K's slot of stage j % STAGES is free (empty_k: every consumer's Q K^T
+//     of the tile that held it is done) and loads K (full_k), then the same for V (empty_v after every consumer's
+//     P V; full_v); each barrier is told the bytes it must see first. K is freed a GEMM earlier than V, so the
+//     next K arrives sooner. The first tile's Q and first K/V stage are issued by that same thread right after it
+//     initialises the barriers, before the CTA-wide __syncthreads (not for packed batches, whose tile lookup is a
+//     warp scan).
+//   warpgroups 1.., the consumers (setmaxnreg 232 with two, 160 with three, 112 with four, 224 with one, 128 at
+//     three CTAs per SM: the CTA's launch registers split so that the producer keeps 32, 24 with four): consumer c
+//     owns query rows [64 c, 64 c + 64). Per tile:
 //       S(j+1) = Q K(j+1)^T      issued (wgmma m64n{BLOCK_N}k16, both operands from shared memory)
 //       O += P(j) V(j)           issued (P from registers, V MN-major in shared memory)
 //       wait for S(j+1), release K(j+1); masks and softmax of S(j+1) (new max, exponentials, row sums) while
