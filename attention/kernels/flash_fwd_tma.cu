@@ -33,8 +33,8 @@
 //       S(j+1) = Q K(j+1)^T      issued (wgmma m64n{BLOCK_N}k16, both operands from shared memory)
 //       O += P(j) V(j)           issued (P from registers, V MN-major in shared memory)
 //       wait for S(j+1), release K(j+1); masks and softmax of S(j+1) (new max, exponentials, row sums) while
-//       P V runs; wait for P V, release V(j); O *= alpha(j+1) (with two or three consumers only where a row's
-//       max grew past 2^8: lazy rescaling, softmax_update); P(j+1) = S(j+1) rounded to T.
+//       P V runs; wait for P V, release V(j); O *= alpha(j+1) (only where a row's max grew past 2^8: lazy
+//       rescaling, softmax_update); P(j+1) = S(j+1) rounded to T.
 //   The accumulator registers of an in-flight group are pinned (wgmma::fence_operands) so the compiler does not
 //   move their updates across the waits.
 // Epilogue: each consumer stages O / l in its own rows of Q's space (the blocked, swizzled layout; its last read
@@ -116,9 +116,10 @@ flash_fwd_tma(const __grid_constant__ tma::TensorMap q_map, const __grid_constan
 
     static_assert(!(PERSISTENT && VARLEN), "a packed batch maps its tiles per CTA (not persistent)");
     constexpr int O_BYTES = PERSISTENT ? Q_BYTES : 0;  // O's staging space (else Q's)
-    // lazy rescaling (softmax_update's LAZY) where two or three consumers take turns: +1-6 % there (head dim 64 on
-    // the 192-row tile, head dim 256), level at head dim 128; the one-consumer tile measured 1-3 % slower with it
-    constexpr bool LAZY = CONSUMERS >= 2;
+    // lazy rescaling (softmax_update's LAZY) in every tile: +1-6 % where two or three consumers take turns (v3.10:
+    // head dim 64 on the 192-row tile, head dim 256; level at head dim 128), and since v3.17 in the one-consumer tiles
+    // too (+2-7 % on two-per-SM grids without a mask, +0-2 % at three per SM; docs/perf/attention.md)
+    constexpr bool LAZY = true;
 
     extern __shared__ __align__(1024) unsigned char smem_raw[];
     const unsigned raw0 = smem_addr(smem_raw);
