@@ -1,5 +1,6 @@
 export PYTHONPATH=. PYTHONUNBUFFERED=1
 W=$OUT/final; mkdir -p $W; nvidia-smi -L > $W/gpus.txt; git log -1 --format=%H > $W/tree.txt
+S4AONLY=1 FP16=1 ROUNDS=5 VARIANTS=c1=scratch/copy1/flash_fwd_tma.cu,c2=scratch/copy2/flash_fwd_tma.cu,c3=scratch/copy3/flash_fwd_tma.cu OUT=$W TAG=_copies timeout 150 python scratch/fwd_ab.py > $W/copies.log 2>&1; cut -c1-300 $W/copies.log
 FP16=1 OUT=$W TAG=_fp16 timeout 120 python scratch/outplace.py > $W/outplace_fp16.log 2>&1; cut -c1-160 $W/outplace_fp16.log
 bash scratch/status.sh fwd 2>&1 | tail -10
 for i in 1 2 3; do for dt in fp16 bf16; do
