@@ -16,7 +16,7 @@ Every row has three times, all of the same callable (the public call, as ``Impl.
   the Python and launch cost alone, which decides the tiny problems of the ``overhead`` suites. A call that waits
   for the device is timed without the hold and says so (``host_us_held`` False).
 
-The last two are taken once, after the first round.
+The last two are taken once, after the first round (after the last one when the case is interleaved, below).
 
 Within a case every implementation is timed the same way: device time with the stream held (timing.py) when
 all of them enqueue without waiting for the device, otherwise all of them unheld (host time included), so a
@@ -29,6 +29,14 @@ rows after the last case (fresh inputs from the same seed, the same held or unhe
 each round). ``timing.pool`` joins them; the row states the larger of its samples' spread and its round medians'
 spread as its noise (``rel_noise``; ``round_medians_ms`` and ``round_noise`` keep the parts), which is what
 ``cukernels.compare`` sets a rerun against.
+
+A device-time case (the default, ``interleave``) times its implementations in turns instead: ``rounds`` rounds of a
+``rounds``-th of the budget each, the order rotated every round, pooled with each round one vote (the median of the
+round medians: ``timing.pool(by_round=True)``), and what a user gets is taken after the last round. A long kernel
+timed back to back for seconds warms the card and its clock falls, so one block per implementation favours the one
+timed first: on a warm H100 (docs/perf/attention.md, stop 50) the blocks put ours at 1.04-1.19x cuDNN on seed004's
+causal cases where turns put it at 0.96-1.03x. ``--no-interleave`` (or ``interleave=False``) keeps the blocks: the
+first round with the whole budget, more rounds as above only for the rows that need them.
 """
 from __future__ import annotations
 
@@ -208,6 +216,7 @@ class _Timed:
     checks: list
     plan: str | None
     rounds: list = dataclasses.field(default_factory=list)  # one timing.Timing per round
+    interleaved: bool = False  # its rounds were turns of equal budget (pooled by round: timing.pool)
     failed: str = ""  # the first failed check after a round
     peak_memory_bytes: int | None = None
     as_called_ms: float | None = None
@@ -240,8 +249,12 @@ def run(
     rounds: int = ROUNDS,
     plan_of: Callable[[Case], str | None] = lambda case: None,
     progress=sys.stderr,
+    interleave: bool = True,
 ) -> list[Result]:
-    """Check and time every implementation on every case; returns one ``Result`` per pair."""
+    """Check and time every implementation on every case; returns one ``Result`` per pair. ``interleave`` (the
+    default): a device-time case times its implementations in ``rounds`` rounds taken in turn, the order rotated
+    each round (each gets a ``rounds``-th of the budget per round); False: one block each, in ``impls`` order, and
+    more rounds later only for rows that need them."""
     if rounds < 1:
         raise ValueError(f"rounds must be at least 1, got {rounds}")
     spec = _device.current()
@@ -275,6 +288,11 @@ def run(
             else:
                 ready.append(outcome)
         hold = all(_timing.can_hold(fn) for _, fn in ready)
+        if interleave and hold and rounds > 1 and len(ready) > 1:
+            _time_interleaved(op, case, ready, reference, rounds, dict(timer, hold=True, budget_ms=budget_ms / rounds,
+                                                                    min_samples=_ROUND_MIN_SAMPLES), progress, t0)
+            rows.extend(timed for timed, _ in ready)
+            continue
         if hold or rounds == 1:  # the whole budget; more rounds later if the samples do not settle
             first = dict(timer, hold=hold, budget_ms=budget_ms, min_samples=10)
         else:  # a host-time case needs every round: this one gets its share of the budget
@@ -342,6 +360,33 @@ def _check_first(op, case, impl, inputs, reference, base, plan_of):
     return _Timed(case=case, impl=impl, base=base, checks=checks, plan=plan), fn
 
 
+def _time_interleaved(op, case, ready, reference, rounds: int, timer: dict, progress, t0: float) -> None:
+    """``run(interleave=True)``: every implementation of ``case`` timed in ``rounds`` rounds taken in turn, round r
+    starting at the r-th implementation; what a user gets is taken after the last round."""
+    for timed, _ in ready:
+        timed.interleaved = True
+    for r in range(rounds):
+        k = r % len(ready)
+        for timed, fn in ready[k:] + ready[:k]:
+            if timed.error is not None:
+                continue
+            _progress(f"[{time.perf_counter() - t0:.0f}s] round {r + 1}/{rounds} {case.name} / {timed.impl.name}",
+                      progress)
+            try:
+                _time_round(op, case, timed, fn, reference, rounds, **timer)
+            except Exception as exc:
+                timed.error = _error(timed.base, exc)
+    for timed, fn in ready:
+        if timed.error is not None:
+            continue
+        try:
+            timed.as_called_ms = _timing.as_called(fn)
+            timed.host_us, timed.host_us_held = _timing.host_us(fn, per_call_ms=timed.as_called_ms)
+            timed.peak_memory_bytes = peak_memory(fn)
+        except Exception as exc:
+            timed.error = _error(timed.base, exc)
+
+
 def _time_round(op, case, timed: _Timed, fn, reference, rounds: int, **timer) -> None:
     """One round of timing, then the check of the timed runs' output (they must still be right)."""
     timed.rounds.append(_timing.benchmark(fn, **timer))
@@ -355,7 +400,7 @@ def _time_round(op, case, timed: _Timed, fn, reference, rounds: int, **timer) ->
 def _result(timed: _Timed, spec) -> Result:
     if timed.error is not None:
         return timed.error
-    t = _timing.pool(timed.rounds)
+    t = _timing.pool(timed.rounds, by_round=timed.interleaved)
     tflops, gbs, pct = _roofline(timed.case, t.median_ms, spec)
     return Result(**timed.base, status="failed-check" if timed.failed else "ok", reason=timed.failed,
                   median_ms=t.median_ms, p20_ms=t.p20_ms, p80_ms=t.p80_ms, rel_noise=t.rel_noise, samples=t.samples,

@@ -83,10 +83,13 @@ def summarize(samples_ms, *, converged: bool = True, clocks: dict | None = None)
     )
 
 
-def pool(rounds: Sequence[Timing]) -> Timing:
+def pool(rounds: Sequence[Timing], *, by_round: bool = False) -> Timing:
     """One figure from rounds of the same work timed at different moments: median and p20/p80 of all their
     samples; relative noise the larger of the samples' spread and the round medians' (half their range over the
-    median, the variation between moments that a single round cannot see). One round is returned as it is."""
+    median, the variation between moments that a single round cannot see). ``by_round``: the median is the median
+    of the round medians, each round one vote (rounds of equal budget taken in turns: a round that stops early on
+    settled samples would otherwise weigh less than a noisy one that ran its whole budget). One round is returned
+    as it is."""
     if not rounds:
         raise ValueError("pool needs at least one round")
     if len(rounds) == 1:
@@ -95,6 +98,8 @@ def pool(rounds: Sequence[Timing]) -> Timing:
     clocks = _merge_clocks([r.clocks for r in rounds])
     joined = summarize([t for r in rounds for t in r.times_ms], converged=all(r.converged for r in rounds),
                        clocks=clocks)
+    if by_round:
+        joined = dataclasses.replace(joined, median_ms=float(np.median(medians)))
     between = (max(medians) - min(medians)) / (2 * joined.median_ms) if joined.median_ms > 0 else 0.0
     return dataclasses.replace(joined, rel_noise=max(joined.rel_noise, between), round_medians_ms=medians,
                                round_noise=between)

@@ -308,6 +308,14 @@ def test_pooled_rounds_state_the_spread_between_rounds():
     assert timing.pool(wide).rel_noise > timing.pool(wide).round_noise
     with pytest.raises(ValueError):
         timing.pool([])
+    # turns of equal budget (by_round): each round one vote, however many samples it took before settling; a noisy
+    # slow round that ran its whole budget no longer sets the median
+    turns = [timing.summarize([1.0] * 5), timing.summarize([1.1] * 40), timing.summarize([1.0] * 5),
+             timing.summarize([1.02] * 5), timing.summarize([0.99] * 5)]
+    assert timing.pool(turns).median_ms == pytest.approx(1.1)
+    by_round = timing.pool(turns, by_round=True)
+    assert by_round.median_ms == pytest.approx(1.0) and by_round.samples == 60
+    assert by_round.round_noise == pytest.approx(0.055)
 
 
 def _result(**kw):

@@ -79,12 +79,36 @@ def test_markdown_report_renders(tmp_path):
     assert "NVIDIA H200" in text and "1.20 (torch-flash)" in text and "Throttle reasons seen: none" in text
 
 
+def _stub_gpu(monkeypatch, benchmark, as_called=lambda fn: 2.0):
+    """bench.run's GPU parts stubbed (tests/test_overhead_cpu.py has the real as_called and host_us): the given
+    timer, an H200 profile, holds for every fn that does not sync, no poisoning, no memory pool."""
+    monkeypatch.setattr(bench._device, "current", lambda: device.profile("h200"))
+    monkeypatch.setattr(bench._timing, "benchmark", benchmark)
+    monkeypatch.setattr(bench._timing, "can_hold", lambda fn: not fn.syncs)
+    monkeypatch.setattr(bench._timing, "as_called", as_called)
+    monkeypatch.setattr(bench._timing, "host_us", lambda fn, per_call_ms: (per_call_ms * 10, not fn.syncs))
+    monkeypatch.setattr(bench._checks, "poison_pool", lambda nbytes: None)
+    monkeypatch.setattr(bench._checks, "stop_poisoning", lambda: None)
+    monkeypatch.setattr(bench, "peak_memory", lambda fn: 0)
+    monkeypatch.setattr(bench, "_free_pool", lambda: None)
+
+
+def _op_checking_ok():
+    """An op whose check passes where the output is "ok" (and names the output otherwise)."""
+    from cukernels import checks
+
+    def check(case, out, ref):
+        return [checks.CheckResult(name="out", max_abs=0.0, max_rel=0.0, mean_abs=0.0, rel_l2=0.0, nonfinite=0,
+                                   passed=out == "ok", reason=out)]
+    return bench.Op(name="t", make_inputs=lambda case, seed: seed, reference=lambda case, inputs: None, check=check)
+
+
 def test_unsettled_rows_are_timed_in_rounds_spread_over_the_run(monkeypatch):
-    """bench.run with the GPU parts stubbed: a settled device-time row is timed once; a host-time row, a
-    device-time row whose first round did not reach the noise target and one whose first round ran throttled are
-    timed where their case comes and again in sweeps after the last case, re-prepared from the case's seed and
+    """bench.run(interleave=False) with the GPU parts stubbed: a settled device-time row is timed once; a host-time
+    row, a device-time row whose first round did not reach the noise target and one whose first round ran throttled
+    are timed where their case comes and again in sweeps after the last case, re-prepared from the case's seed and
     checked after every round."""
-    from cukernels import checks, timing
+    from cukernels import timing
 
     calls = []
 
@@ -96,15 +120,7 @@ def test_unsettled_rows_are_timed_in_rounds_spread_over_the_run(monkeypatch):
         throttled = fn.impl == "capped" and nth == 1  # a clock pulled down in the first round: rounds as well
         return timing.summarize([ms] * min_samples, converged=settled, clocks={"held": hold, "throttled": throttled})
 
-    monkeypatch.setattr(bench._device, "current", lambda: device.profile("h200"))
-    monkeypatch.setattr(bench._timing, "benchmark", benchmark)
-    monkeypatch.setattr(bench._timing, "can_hold", lambda fn: not fn.syncs)
-    monkeypatch.setattr(bench._timing, "as_called", lambda fn: 2.0)  # tests/test_overhead_cpu.py: the real ones
-    monkeypatch.setattr(bench._timing, "host_us", lambda fn, per_call_ms: (per_call_ms * 10, not fn.syncs))
-    monkeypatch.setattr(bench._checks, "poison_pool", lambda nbytes: None)
-    monkeypatch.setattr(bench._checks, "stop_poisoning", lambda: None)
-    monkeypatch.setattr(bench, "peak_memory", lambda fn: 0)
-    monkeypatch.setattr(bench, "_free_pool", lambda: None)
+    _stub_gpu(monkeypatch, benchmark)
 
     prepared = []
 
@@ -119,14 +135,10 @@ def test_unsettled_rows_are_timed_in_rounds_spread_over_the_run(monkeypatch):
             return fn
         return bench.Impl(name=name, prepare=prepare, baseline=name != "ours")
 
-    def check(case, out, ref):
-        return [checks.CheckResult(name="out", max_abs=0.0, max_rel=0.0, mean_abs=0.0, rel_l2=0.0, nonfinite=0,
-                                   passed=out == "ok", reason=out)]
-
-    op = bench.Op(name="t", make_inputs=lambda case, seed: seed, reference=lambda case, inputs: None, check=check)
+    op = _op_checking_ok()
     cases = [bench.Case(name=n, params={"host": host}) for n, host in (("dev", False), ("h1", True), ("h2", True))]
     impls = [impl("ours"), impl("torch", syncs=True), impl("flaky", bad_from=3), impl("jittery"), impl("capped")]
-    results = bench.run(op, cases, impls, budget_ms=300, rounds=3, progress=None)
+    results = bench.run(op, cases, impls, budget_ms=300, rounds=3, progress=None, interleave=False)
 
     assert [(r.case, r.impl) for r in results] == [(c.name, i.name) for c in cases for i in impls]
     names = [i.name for i in impls]
@@ -153,6 +165,54 @@ def test_unsettled_rows_are_timed_in_rounds_spread_over_the_run(monkeypatch):
     # what a user gets is taken once per row, after its first round
     assert (dev.as_called_ms, dev.host_us, dev.host_us_held) == (2.0, 20.0, True)
     assert by["h1", "torch"].host_us_held is False and flaky.as_called_ms == 2.0
+
+
+def test_interleave_times_a_device_time_case_in_rotated_turns(monkeypatch):
+    """bench.run(interleave=True) with the GPU parts stubbed: a device-time case's implementations take turns in
+    `rounds` rounds, round r starting at the r-th of them, each with a share of the budget, checked after every
+    round; what a user gets is taken after the last round; a host-time case is timed as without it."""
+    from cukernels import timing
+
+    calls, taken = [], []
+
+    def benchmark(fn, *, hold, budget_ms, min_samples, rel_noise_target):
+        calls.append((fn.case, fn.impl, hold, budget_ms, min_samples))
+        nth = sum(c[:2] == (fn.case, fn.impl) for c in calls)
+        return timing.summarize([1.0 + 0.1 * nth] * min_samples, converged=True, clocks={"held": hold})
+
+    def as_called(fn):
+        taken.append((fn.case, fn.impl, len(calls)))
+        return 2.0
+
+    _stub_gpu(monkeypatch, benchmark, as_called)
+
+    def impl(name, *, syncs=False):
+        def prepare(case, inputs):
+            def fn():
+                return "ok"
+            fn.case, fn.impl, fn.syncs = case.name, name, syncs and case.params["host"]
+            return fn
+        return bench.Impl(name=name, prepare=prepare, baseline=name != "ours")
+
+    op = _op_checking_ok()
+    cases = [bench.Case(name=n, params={"host": host}) for n, host in (("dev", False), ("host", True))]
+    impls = [impl("ours"), impl("cudnn"), impl("flash", syncs=True)]
+    results = bench.run(op, cases, impls, budget_ms=300, rounds=3, progress=None, interleave=True)
+
+    assert [(r.case, r.impl) for r in results] == [(c.name, i.name) for c in cases for i in impls]
+    dev = [c for c in calls if c[0] == "dev"]
+    assert [c[1] for c in dev] == ["ours", "cudnn", "flash", "cudnn", "flash", "ours", "flash", "ours", "cudnn"]
+    assert {c[2:] for c in dev} == {(True, 100, 5)}
+    assert [t[:2] for t in taken[:3]] == [("dev", "ours"), ("dev", "cudnn"), ("dev", "flash")]
+    assert all(t[2] == len(dev) for t in taken[:3])  # after every round of the case
+    by = {(r.case, r.impl): r for r in results}
+    assert by["dev", "ours"].round_medians_ms == pytest.approx([1.1, 1.2, 1.3]) and by["dev", "ours"].samples == 15
+    assert by["dev", "ours"].median_ms == pytest.approx(1.2)  # the median of the turns' medians
+    assert len(by["dev", "cudnn"].checks) == 4  # before timing and after each of 3 rounds
+    assert by["dev", "ours"].as_called_ms == 2.0 and by["dev", "ours"].host_us_held is True
+    # the host-time case (one implementation syncs): a third of the budget per round, as without interleave
+    assert {c[2:] for c in calls if c[0] == "host"} == {(False, 100, 5)}
+    assert [c[1] for c in calls if c[0] == "host"][:3] == ["ours", "cudnn", "flash"]
 
 
 def _rerun_doc(**rows):
