@@ -295,7 +295,8 @@ def main(ob: OpBench, argv: Sequence[str] | None = None) -> int:
         print("note: some rows ran with the clock pulled down (power/thermal): marked THROTTLED")
     if args.json:
         report.to_json(results, env, args.json, suite=args.suite, expected_table=table.note if table else None,
-                       scores=extra, launch_overhead=overhead)
+                       scores=extra, launch_overhead=overhead,
+                       timing="turns" if args.interleave else "blocks")  # how device-time cases were timed
     if args.plot:
         for path in report.plots(results, by_name, Path(args.plot)):
             print(f"plot: {path}")
