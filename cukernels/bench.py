@@ -302,9 +302,7 @@ def run(
             rows.append(timed)
             try:
                 _time_round(op, case, timed, fn, reference, rounds, **first)
-                timed.as_called_ms = _timing.as_called(fn)
-                timed.host_us, timed.host_us_held = _timing.host_us(fn, per_call_ms=timed.as_called_ms)
-                timed.peak_memory_bytes = peak_memory(fn)
+                _take_user_times(timed, fn)
             except Exception as exc:
                 timed.error = _error(timed.base, exc)
         again = [t for t, _ in ready if t.error is None and t.unsettled]
@@ -380,11 +378,16 @@ def _time_interleaved(op, case, ready, reference, rounds: int, timer: dict, prog
         if timed.error is not None:
             continue
         try:
-            timed.as_called_ms = _timing.as_called(fn)
-            timed.host_us, timed.host_us_held = _timing.host_us(fn, per_call_ms=timed.as_called_ms)
-            timed.peak_memory_bytes = peak_memory(fn)
+            _take_user_times(timed, fn)
         except Exception as exc:
             timed.error = _error(timed.base, exc)
+
+
+def _take_user_times(timed: _Timed, fn) -> None:
+    """What a user gets, taken once per row: the time as called, the host µs per call, the peak memory."""
+    timed.as_called_ms = _timing.as_called(fn)
+    timed.host_us, timed.host_us_held = _timing.host_us(fn, per_call_ms=timed.as_called_ms)
+    timed.peak_memory_bytes = peak_memory(fn)
 
 
 def _time_round(op, case, timed: _Timed, fn, reference, rounds: int, **timer) -> None:

@@ -116,10 +116,6 @@ flash_fwd_tma(const __grid_constant__ tma::TensorMap q_map, const __grid_constan
 
     static_assert(!(PERSISTENT && VARLEN), "a packed batch maps its tiles per CTA (not persistent)");
     constexpr int O_BYTES = PERSISTENT ? Q_BYTES : 0;  // O's staging space (else Q's)
-    // lazy rescaling (softmax_update's LAZY) in every tile: +1-6 % where two or three consumers take turns (v3.10:
-    // head dim 64 on the 192-row tile, head dim 256; level at head dim 128), and since v3.17 in the one-consumer tiles
-    // too (+2-7 % on two-per-SM grids without a mask, +0-2 % at three per SM; docs/perf/attention.md)
-    constexpr bool LAZY = true;
 
     extern __shared__ __align__(1024) unsigned char smem_raw[];
     const unsigned raw0 = smem_addr(smem_raw);
@@ -329,9 +325,9 @@ flash_fwd_tma(const __grid_constant__ tma::TensorMap q_map, const __grid_constan
             if (tiles.needs_mask(nb)) {
                 mask_scores<NT, WINDOW, SEGMENTS>(s, nb * BLOCK_N, m0 + warp_row + g + shift, tl.seq_kv, window_left,
                                                   window_right, kv_ids + (long long)tl.b * tl.seq_kv, qid, t);
-                softmax_update<NT, true, LAZY>(s, row_max, row_sum, scale_log2, alpha);
+                softmax_update<NT, true, true>(s, row_max, row_sum, scale_log2, alpha);
             } else {
-                softmax_update<NT, false, LAZY>(s, row_max, row_sum, scale_log2, alpha);
+                softmax_update<NT, false, true>(s, row_max, row_sum, scale_log2, alpha);
             }
         };
         auto pack_p = [&]() {
@@ -391,9 +387,10 @@ flash_fwd_tma(const __grid_constant__ tma::TensorMap q_map, const __grid_constan
                 wgmma::fence_operands(o_flat);
                 wgmma::fence_operands(reinterpret_cast<unsigned(&)[BLOCK_N / 4]>(p));
                 release(empty_v, st);
-                // lazy rescaling: rows whose max grew little kept their reference (alpha exactly 1); the warp skips
-                // the multiplies when all of its rows did
-                if (!LAZY || __any_sync(0xffffffffu, alpha[0] != 1.f || alpha[1] != 1.f))
+                // lazy rescaling (softmax_update's LAZY, in every tile: +1-6 % with two or three consumers, v3.10;
+                // +0-7 % with one, v3.17): rows whose max grew little kept their reference (alpha exactly 1); the warp
+                // skips the multiplies when all of its rows did
+                if (__any_sync(0xffffffffu, alpha[0] != 1.f || alpha[1] != 1.f))
                     rescale_rows<DT>(o_acc, alpha);
                 pack_p();
                 nb = nn;
