@@ -27,7 +27,8 @@
 //     cp.reduce.async.bulk.tensor (rows outside the tensor are skipped); the boxes are reused only after that
 //     thread saw the previous reduction read them. (The loop's iterations start after dP^T's wait, so no wgmma
 //     group is in flight across its back edge: see the consumer loop.)
-// dK (times the softmax scale) and dV, summed over the group already, go straight from registers to global.
+// dK (times the softmax scale) and dV, summed over the group already, go out through the emptied Q/dO ring
+// (store_dkdv_staged: whole 128-byte lines instead of 16-byte pieces of eight rows per store).
 //
 // Shared memory (1024-byte aligned): K, V (BLOCK_N x HEAD_DIM), STAGES x Q, STAGES x dO (BLOCK_M x HEAD_DIM), with
 // DQ two dS^T tiles (BLOCK_N x BLOCK_M) and the dQ staging boxes (BLOCK_M x HEAD_DIM fp32), then STAGES x lse2 and
@@ -104,6 +105,45 @@ __device__ __forceinline__ void stage_dq(unsigned boxes, const float (&dq)[DQ_N 
     }
 }
 
+// store_dkdv through shared memory: one warpgroup's 64 kv rows [row0, row0 + 64) of dV and dK * scale (the
+// accumulators of store_dkdv: rows 16 (warp % 4) + g (+ 8), columns 8 j + 2 t (+1)), rounded to T, into `stage`
+// (2 x 64 rows x NT 16-byte chunks: dV, then dK; chunk k of row r at k ^ (r % 8), so a store's eight rows hit
+// eight bank groups), then, after the warpgroup's named barrier `bar`, copied out in 16-byte chunks, a row's
+// NT chunks by consecutive threads (whole 128-byte lines instead of the 16-byte pieces of eight rows per store
+// instruction of store_dkdv). `rows`: the element stride between kv rows; rows past seq_kv are not written. The
+// caller makes sure nothing else reads or writes `stage` (the emptied Q/dO ring after both consumers' last
+// products) and that the warpgroup's threads do not reuse it after this returns.
+template <typename T, int NT>
+__device__ __forceinline__ void store_dkdv_staged(const float (&dv_acc)[NT * 4], const float (&dk_acc)[NT * 4],
+                                                  unsigned char* stage, T* dv_block, T* dk_block, long long rows,
+                                                  int row0, int seq_kv, float scale, int warp4, int lane, int tg,
+                                                  int bar) {
+    constexpr int ROW = NT * 16, TILE = 64 * ROW;  // bytes of a row, of one tensor's 64 rows
+    const int g = lane >> 2, t = lane & 3;
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+        const int r = 16 * warp4 + g + 8 * h;
+#pragma unroll
+        for (int j = 0; j < NT; ++j) {
+            const int at = r * ROW + ((j ^ (r & 7)) << 4) + 4 * t;
+            *reinterpret_cast<unsigned*>(stage + at) = pack2<T>(dv_acc[4 * j + 2 * h], dv_acc[4 * j + 2 * h + 1]);
+            *reinterpret_cast<unsigned*>(stage + TILE + at) =
+                pack2<T>(dk_acc[4 * j + 2 * h] * scale, dk_acc[4 * j + 2 * h + 1] * scale);
+        }
+    }
+    ws::bar_sync(bar, 128);
+#pragma unroll
+    for (int i = 0; i < 64 * NT / 128; ++i) {
+        const int c = tg + 128 * i, r = c / NT, k = c % NT;
+        if (row0 + r < seq_kv) {
+            const int at = r * ROW + ((k ^ (r & 7)) << 4);
+            const long long off = (long long)(row0 + r) * rows + 8 * k;
+            *reinterpret_cast<uint4*>(dv_block + off) = *reinterpret_cast<const uint4*>(stage + at);
+            *reinterpret_cast<uint4*>(dk_block + off) = *reinterpret_cast<const uint4*>(stage + TILE + at);
+        }
+    }
+}
+
 template <typename T, int HEAD_DIM, int BLOCK_M, int STAGES, int MASK, bool DQ>
 __global__ void __launch_bounds__(384, 1)
 flash_bwd_tma(const __grid_constant__ tma::TensorMap q_map, const __grid_constant__ tma::TensorMap k_map,
@@ -127,6 +167,7 @@ flash_bwd_tma(const __grid_constant__ tma::TensorMap q_map, const __grid_constan
     static_assert(HEAD_DIM == 64 || HEAD_DIM == 128, "dK and dV accumulate in registers: head_dim 64 or 128");
     static_assert(BLOCK_M == 64 || BLOCK_M == 128, "query tiles of 64 or 128 rows (a wgmma N)");
     static_assert(2 % DQ_ROW_BLOCKS == 0 && DQ_N % 32 == 0, "dQ split over the two consumers in 32-column boxes");
+    static_assert(STAGES * BLOCK_M >= 64, "the emptied Q/dO ring holds both consumers' dK and dV (store_dkdv_staged)");
 
     extern __shared__ __align__(1024) unsigned char smem_raw[];
     const unsigned raw0 = smem_addr(smem_raw);
@@ -335,12 +376,16 @@ flash_bwd_tma(const __grid_constant__ tma::TensorMap q_map, const __grid_constan
         }
         it = next;
     }
+    // dK and dV out through the Q/dO ring, empty once both consumers' last products are done (every stage the
+    // producer filled has been waited for): consumer c's 2 x 64 rows x HEAD_DIM values from byte c x 4 x 64 x
+    // HEAD_DIM of it
+    ws::bar_sync(1, 256);
+    const long long block = ((long long)b * seq_kv * kv_heads + kvh) * HEAD_DIM;
+    store_dkdv_staged<T, DT>(dv_acc, dk_acc, smem + (sQ - sK) + cw * 4 * 64 * HEAD_DIM, dv + block, dk + block,
+                             (long long)kv_heads * HEAD_DIM, n0 + 64 * cw, seq_kv, scale, warp & 3, lane, tg, 2 + cw);
     if constexpr (DQ) {
         if (tg == 0) tma::store_wait_all();  // the staging boxes stay valid until the last reduction is done
     }
-
-    const long long out = (((long long)b * seq_kv + kv_row) * kv_heads + kvh) * HEAD_DIM + 2 * t;
-    store_dkdv<T, DT>(dv_acc, dk_acc, dv + out, dk + out, 8LL * kv_heads * HEAD_DIM, kv_row, seq_kv, scale);
 }
 
 // Head dim 256 (flash_bwd_tma_pair). Two dK and dV accumulators of 64 x 256 fp32 do not fit one warpgroup, so
@@ -559,10 +604,19 @@ flash_bwd_tma_pair(const __grid_constant__ tma::TensorMap q_map, const __grid_co
             }
         }
     }
+    // dK and dV out through the Q/dO ring as flash_bwd_tma's, once both warpgroups' last products are done:
+    // warpgroup w's 2 x 64 rows x HALF columns from byte w x 4 x 64 x HALF of it
+    ws::bar_sync(6, 256);
+    {
+        unsigned tid2;  // the thread's indices read afresh, not kept from before the loop (measured 1 % faster on
+        asm volatile("mov.u32 %0, %%tid.x;" : "=r"(tid2));  // hd256 non-causal, within noise; same loop length)
+        const int wg2 = tid2 >> 7;
+        const long long block = ((long long)b * seq_kv * kv_heads + kvh) * HEAD_DIM + wg2 * HALF;
+        store_dkdv_staged<T, HT>(dv_acc, dk_acc, smem + (sQ - sK) + wg2 * 4 * 64 * HALF, dv + block, dk + block,
+                                 (long long)kv_heads * HEAD_DIM, n0, seq_kv, scale, (tid2 >> 5) & 3, tid2 & 31,
+                                 tid2 & 127, 3 + wg2);
+    }
     if constexpr (DQ) {
         if (tg == 0) tma::store_wait_all();  // the staging box stays valid until the last reduction is done
     }
-
-    const long long out = (((long long)b * seq_kv + kv_row) * kv_heads + kvh) * HEAD_DIM + wg * HALF + 2 * t;
-    store_dkdv<T, HT>(dv_acc, dk_acc, dv + out, dk + out, 8LL * kv_heads * HEAD_DIM, kv_row, seq_kv, scale);
 }
