@@ -56,8 +56,11 @@ def sustained(fn):
     reasons = sorted({r for s in half for r in s.get("throttle_reasons", [])})
     return per_call, clk, p, p * per_call / 1e6 * 1e3, samples[-1].get("temperature_c"), reasons
 
-for label, args in ([] if __name__ != "__main__" else (("fwd seed004_a causal B16 S2048 H16 d64", (16, 2048, 16, 64, True, False)),
-                    ("fwd+bwd hb125m non-causal B16 S2048 H8 d128", (16, 2048, 8, 128, False, True)))):
+_DEFAULT = "fwd_seed004a_causal:16,2048,16,64,1,0;fwdbwd_hb125m_noncausal:16,2048,8,128,0,1"
+_CASES = [(c.split(":")[0], tuple(int(x) for x in c.split(":")[1].split(",")))
+          for c in os.environ.get("CASES", _DEFAULT).split(";")]
+for label, (B_, S_, H_, D_, c_, b_) in ([] if __name__ != "__main__" else _CASES):
+    args = (B_, S_, H_, D_, bool(c_), bool(b_))
     impls = problem(*args)
     print(f"== {label} {dt}")
     for r in range(ROUNDS):
