@@ -167,7 +167,8 @@ flash_bwd_tma(const __grid_constant__ tma::TensorMap q_map, const __grid_constan
     static_assert(HEAD_DIM == 64 || HEAD_DIM == 128, "dK and dV accumulate in registers: head_dim 64 or 128");
     static_assert(BLOCK_M == 64 || BLOCK_M == 128, "query tiles of 64 or 128 rows (a wgmma N)");
     static_assert(2 % DQ_ROW_BLOCKS == 0 && DQ_N % 32 == 0, "dQ split over the two consumers in 32-column boxes");
-    static_assert(STAGES * BLOCK_M >= 64, "the emptied Q/dO ring holds both consumers' dK and dV (store_dkdv_staged)");
+    // the emptied Q/dO ring (4 STAGES BLOCK_M HEAD_DIM bytes) holds both consumers' dK and dV (2 x 256 HEAD_DIM)
+    static_assert(STAGES * BLOCK_M >= 128, "the Q/dO ring too small for store_dkdv_staged");
 
     extern __shared__ __align__(1024) unsigned char smem_raw[];
     const unsigned raw0 = smem_addr(smem_raw);
