@@ -14,9 +14,10 @@
 // Grid: (KV tiles, kv heads, batch) as flash_bwd_dkdv_wgmma (kv_block_coords: heaviest tiles first).
 // Block: 384 threads = three warpgroups; BLOCK_N = 128 KV rows.
 //   warpgroup 0, the producer (setmaxnreg 24): lane 0 of warp 0 loads K and V once (kv_bar), then for each step
-//     (q head of the GQA group, query tile: QTileRange) waits until ring stage j % STAGES is free (empty: all eight
-//     consumer warps are done with it) and loads Q, dO (tensor maps) and the step's lse2 and D (bulk copies of BLOCK_M
-//     floats: the padded arrays are 16-byte aligned at every tile) on full[stage].
+//     (q head of the GQA group, query tile: QTileRange) waits until ring stage j % STAGES is free (empty: every
+//     consumer thread is done with its lse2 / D and all eight consumer warps with Q, dO; init_ring) and loads Q,
+//     dO (tensor maps) and the step's lse2 and D (bulk copies of BLOCK_M floats: the padded arrays are 16-byte
+//     aligned at every tile) on full[stage].
 //   warpgroups 1 and 2, the consumers (setmaxnreg 240): consumer c owns KV rows [64 c, 64 c + 64). Per step:
 //     S^T, dP^T (two wgmma groups); masks and P^T under dP^T; dS^T; dV += P^T dO and dK += dS^T Q issued; dS^T
 //     stored into one of two shared tiles (by step parity, so a consumer that runs ahead never overwrites a tile
@@ -39,13 +40,18 @@
 using namespace attn;
 
 // Thread 0, before the CTA's first __syncthreads: the tensor maps prefetched (dQ's with DQ), then the ring's
-// barriers: K/V's (one arrival plus bytes), and per stage `full` (the loads landed) and `empty` (every consumer
-// warp, `warps` of them, is done with the stage).
+// barriers: K/V's (one arrival plus bytes), and per stage `full` (the loads landed) and `empty` (EMPTY_ARRIVALS).
+// A stage is free when each of the 256 consumer threads has arrived once after its last read of the stage's lse2 /
+// D (ld.shared: each reading thread releases its own reads; compute-sanitizer's racecheck reports a warp's reads
+// released by lane 0 alone after __syncwarp as races with the next bulk copy) and lane 0 of each of the eight
+// consumer warps once more after the warp's products that read Q and dO have completed. The per-thread arrivals
+// come early in the step, between the warp's own products (level with one arrival per warp, docs/perf/attention.md).
+constexpr int EMPTY_ARRIVALS = 8 * 32 + 8;
 template <bool DQ>
 __device__ __forceinline__ void init_ring(const tma::TensorMap& q_map, const tma::TensorMap& k_map,
                                           const tma::TensorMap& v_map, const tma::TensorMap& do_map,
                                           const tma::TensorMap& dq_map, unsigned kv_bar, unsigned full,
-                                          unsigned empty, int stages, int warps) {
+                                          unsigned empty, int stages) {
     tma::prefetch_map(q_map);
     tma::prefetch_map(k_map);
     tma::prefetch_map(v_map);
@@ -54,7 +60,7 @@ __device__ __forceinline__ void init_ring(const tma::TensorMap& q_map, const tma
     tma::mbar_init(kv_bar, 1);
     for (int s = 0; s < stages; ++s) {
         tma::mbar_init(full + 8 * s, 1);
-        tma::mbar_init(empty + 8 * s, warps);
+        tma::mbar_init(empty + 8 * s, EMPTY_ARRIVALS);
     }
     tma::fence_mbar_init();
 }
@@ -107,25 +113,26 @@ __device__ __forceinline__ void stage_dq(unsigned boxes, const float (&dq)[DQ_N 
 
 // store_dkdv through shared memory: one warpgroup's 64 kv rows [row0, row0 + 64) of dV and dK * scale (the
 // accumulators of store_dkdv: rows 16 (warp % 4) + g (+ 8), columns 8 j + 2 t (+1)), rounded to T, into `stage`
-// (2 x 64 rows x NT 16-byte chunks: dV, then dK; chunk k of row r at k ^ (r % 8), so a store's eight rows hit
-// eight bank groups), then, after the warpgroup's named barrier `bar`, copied out in 16-byte chunks, a row's
-// NT chunks by consecutive threads (whole 128-byte lines instead of the 16-byte pieces of eight rows per store
-// instruction of store_dkdv). `rows`: the element stride between kv rows; rows past seq_kv are not written. The
-// caller makes sure nothing else reads or writes `stage` (the emptied Q/dO ring after both consumers' last
-// products) and that the warpgroup's threads do not reuse it after this returns.
+// (dV, then dK, each 64 rows x NT 16-byte chunks laid out as wgmma::blocked_offset<64>: blocks of 8 chunks per
+// row, chunk k of row r at k ^ (r % 8), so a store's eight rows hit eight bank groups), then, after the
+// warpgroup's named barrier `bar`, copied out in 16-byte chunks, a row's NT chunks by consecutive threads
+// (whole 128-byte lines instead of the 16-byte pieces of eight rows per store instruction of store_dkdv). `rows`:
+// the element stride between kv rows; rows past seq_kv are not written. The caller makes sure nothing else reads
+// or writes `stage` (the emptied Q/dO ring after both consumers' last products) and that the warpgroup's threads
+// do not reuse it after this returns.
 template <typename T, int NT>
 __device__ __forceinline__ void store_dkdv_staged(const float (&dv_acc)[NT * 4], const float (&dk_acc)[NT * 4],
                                                   unsigned char* stage, T* dv_block, T* dk_block, long long rows,
                                                   int row0, int seq_kv, float scale, int warp4, int lane, int tg,
                                                   int bar) {
-    constexpr int ROW = NT * 16, TILE = 64 * ROW;  // bytes of a row, of one tensor's 64 rows
+    constexpr int TILE = 64 * NT * 16;  // bytes of one tensor's 64 rows
     const int g = lane >> 2, t = lane & 3;
 #pragma unroll
     for (int h = 0; h < 2; ++h) {
         const int r = 16 * warp4 + g + 8 * h;
 #pragma unroll
         for (int j = 0; j < NT; ++j) {
-            const int at = r * ROW + ((j ^ (r & 7)) << 4) + 4 * t;
+            const int at = wgmma::blocked_offset<64>(r, j) + 4 * t;
             *reinterpret_cast<unsigned*>(stage + at) = pack2<T>(dv_acc[4 * j + 2 * h], dv_acc[4 * j + 2 * h + 1]);
             *reinterpret_cast<unsigned*>(stage + TILE + at) =
                 pack2<T>(dk_acc[4 * j + 2 * h] * scale, dk_acc[4 * j + 2 * h + 1] * scale);
@@ -136,7 +143,7 @@ __device__ __forceinline__ void store_dkdv_staged(const float (&dv_acc)[NT * 4],
     for (int i = 0; i < 64 * NT / 128; ++i) {
         const int c = tg + 128 * i, r = c / NT, k = c % NT;
         if (row0 + r < seq_kv) {
-            const int at = r * ROW + ((k ^ (r & 7)) << 4);
+            const int at = wgmma::blocked_offset<64>(r, k);
             const long long off = (long long)(row0 + r) * rows + 8 * k;
             *reinterpret_cast<uint4*>(dv_block + off) = *reinterpret_cast<const uint4*>(stage + at);
             *reinterpret_cast<uint4*>(dk_block + off) = *reinterpret_cast<const uint4*>(stage + TILE + at);
@@ -181,7 +188,7 @@ flash_bwd_tma(const __grid_constant__ tma::TensorMap q_map, const __grid_constan
 
     const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
     const int wg = wgmma::warpgroup();  // warp-uniform to the compiler: K's and V's descriptors in uniform registers
-    if (tid == 0) init_ring<DQ>(q_map, k_map, v_map, do_map, dq_map, kv_bar, full, empty, STAGES, 8);  // 8 consumers
+    if (tid == 0) init_ring<DQ>(q_map, k_map, v_map, do_map, dq_map, kv_bar, full, empty, STAGES);
     __syncthreads();
 
     // ---- the KV tile, its sequence (packed batches): each role works them out after taking its registers
@@ -276,7 +283,7 @@ flash_bwd_tma(const __grid_constant__ tma::TensorMap q_map, const __grid_constan
 #pragma unroll
     for (int i = 0; i < DT * 4; ++i) dv_acc[i] = dk_acc[i] = 0.f;
 
-    auto release = [&](int stage) {  // this warp is done with the stage: its reads of lse2 / D included
+    auto release = [&](int stage) {  // this warp's products that read the stage's Q and dO are done
         __syncwarp();
         if (lane == 0) tma::mbar_arrive(empty + 8 * stage);
     };
@@ -310,6 +317,7 @@ flash_bwd_tma(const __grid_constant__ tma::TensorMap q_map, const __grid_constan
         wgmma::wait<0>();
         wgmma::fence_operands(dp_flat);
         form_ds<T, MT>(s, dp, ds_pk, d_s + sj * BLOCK_M, t);
+        tma::mbar_arrive(empty + 8 * sj);  // every thread: its reads of this stage's lse2 / D are done
     };
     int it = tiles.next_visible(0);
     if (it < tiles.total) first_half(0, it, false);
@@ -401,7 +409,7 @@ flash_bwd_tma(const __grid_constant__ tma::TensorMap q_map, const __grid_constan
 //     A from registers) and for dQ = dS K (the dS^T tile and K from shared memory, 32-column passes through the
 //     warpgroup's fp32 staging box added into the accumulator by cp.reduce.async.bulk.tensor, as flash_bwd_tma).
 // A third warpgroup, the producer (setmaxnreg 24; the consumers take 240), loads K and V once and refills each ring
-// stage (Q, dO by tensor maps, lse2 and D by bulk copies) once all eight consumer warps have freed it, STAGES steps
+// stage (Q, dO by tensor maps, lse2 and D by bulk copies) once the consumers have freed it (init_ring), STAGES steps
 // ahead of them (thread 0 did this between its own products before: -4 % on the kernel at head dim 256). The P^T
 // hand-off goes through the two staging boxes: warpgroup 0 writes it once both warpgroups' last reductions of the
 // previous step have read their box (named barrier 1), warpgroup 1 reads it after barrier 2 and publishes dS^T with
@@ -448,7 +456,7 @@ flash_bwd_tma_pair(const __grid_constant__ tma::TensorMap q_map, const __grid_co
     const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, tg = tid & 127;
     const int wg = warp >> 2;  // (wgmma::warpgroup() here: 4-8 B spilled with segments + window at head dim 256)
     const int g = lane >> 2, t = lane & 3;
-    if (tid == 0) init_ring<DQ>(q_map, k_map, v_map, do_map, dq_map, kv_bar, full, empty, STAGES, 8);  // consumer warps
+    if (tid == 0) init_ring<DQ>(q_map, k_map, v_map, do_map, dq_map, kv_bar, full, empty, STAGES);
     __syncthreads();
 
     int b = blockIdx.z;
@@ -554,6 +562,7 @@ flash_bwd_tma_pair(const __grid_constant__ tma::TensorMap q_map, const __grid_co
                 mask_scores_t<MT, WINDOW, SEGMENTS>(acc, m0, kv_row, seq_q, seq_kv, shift, window_left, window_right,
                                                     q_ids + (long long)b * seq_q, kvid, t);
             form_p<T, MT>(acc, p_pk, lse_s + st * BLOCK_M, scale_log2, t);
+            tma::mbar_arrive(empty + 8 * st);  // every thread of warpgroup 0: its reads of lse2 are done
             wgmma::fence();
             mma_rs_group<T, HALF, BLOCK_M>(dv_acc, p_pk, do_st + half_off);
             wgmma::commit();
@@ -570,6 +579,7 @@ flash_bwd_tma_pair(const __grid_constant__ tma::TensorMap q_map, const __grid_co
             mma_rs_group<T, HALF, BLOCK_M>(dv_acc, p_pk, do_st + half_off);
             wgmma::commit();
             form_ds_handed<T, MT>(hand, acc, ds_pk, d_s + st * BLOCK_M, t);
+            tma::mbar_arrive(empty + 8 * st);  // every thread of warpgroup 1: its reads of D are done
             store_ds_t<BLOCK_N, MT>(ds_base, ds_pk, wrow + g, t);
             wgmma::fence_proxy_async();  // dS^T is the dQ product's operand
             ws::bar_sync(5, 256);
@@ -581,7 +591,7 @@ flash_bwd_tma_pair(const __grid_constant__ tma::TensorMap q_map, const __grid_co
         wgmma::fence_operands(dv_acc);
         wgmma::fence_operands(dk_acc);
         __syncwarp();
-        if (lane == 0) tma::mbar_arrive(empty + 8 * st);  // Q, dO, lse2, D of this stage are no longer read
+        if (lane == 0) tma::mbar_arrive(empty + 8 * st);  // this warp's products that read Q, dO are done
 
         if constexpr (DQ) {
             // dQ columns [HALF wg + DQ_N c, +DQ_N) of the query tile = dS K (A = dS^T, B = K, both MN-major),
