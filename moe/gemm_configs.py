@@ -295,7 +295,8 @@ TMA_64 = (
     GemmConfig(kind="tma", block_m=64, block_n=64, block_k=64, warps_m=4, warps_n=1, stages=8),
 )
 # Clusters of two CTAs sharing B by TMA multicast: measured slower than TMA[0] on every gemm-suite row (H200,
-# 2026-11-23: 0.72-0.98x; docs/perf/grouped_gemm.md), so the planner never takes it; --tune may time it
+# 2026-11-23: 0.72-0.98x; H100 at the 700 W cap, 2026-11-26: 0.72-0.77x with 28 % more energy per call;
+# docs/perf/grouped_gemm.md v7.1), so the planner never takes it; --tune may time it
 TMA_PAIR = (
     GemmConfig(kind="tma", block_m=128, block_n=256, block_k=64, warps_m=8, warps_n=1, stages=4, cluster_m=2),
 )

@@ -24,20 +24,9 @@ _CLEAN = {"memcheck": re.compile(r"ERROR SUMMARY: 0 errors"),
           "racecheck": re.compile(r"RACECHECK SUMMARY: 0 hazards displayed \(0 errors, 0 warnings\)")}
 
 
-# Known report, not yet reworked: the cluster split-K GEMM (moe_grouped_gemm_tma_ksplit, docs/perf/grouped_gemm.md
-# v7) hands its partial sums between CTAs with one thread's release.cluster arrival after the writers' fences and a
-# named barrier; racecheck follows a release only from the thread that made the accesses (the backward's stage
-# release reported the same until v5.6 made every reading thread arrive: docs/perf/attention.md "Backward v5.6").
-# strict: once the kernel is reworked the case passes, and this marker must go.
-_KNOWN = {("racecheck", "gemm"): "racecheck: moe_grouped_gemm_tma_ksplit's DSMEM hand-off (262 reports on an H100, "
-                                 "2026-11-26), released by one thread per warpgroup"}
-
-
 @pytest.mark.parametrize("tool", sorted(_CLEAN))
 @pytest.mark.parametrize("family", FAMILIES)
-def test_sanitizer_reports_nothing(tool, family, request):
-    if (tool, family) in _KNOWN:
-        request.applymarker(pytest.mark.xfail(strict=True, reason=_KNOWN[tool, family]))
+def test_sanitizer_reports_nothing(tool, family):
     exe = shutil.which("compute-sanitizer")
     if exe is None:
         pytest.skip("compute-sanitizer is not on PATH")

@@ -619,13 +619,9 @@ flash_bwd_tma_pair(const __grid_constant__ tma::TensorMap q_map, const __grid_co
     // warpgroup w's 2 x 64 rows x HALF columns from byte w x 4 x 64 x HALF of it
     ws::bar_sync(6, 256);
     {
-        unsigned tid2;  // the thread's indices read afresh, not kept from before the loop (measured 1 % faster on
-        asm volatile("mov.u32 %0, %%tid.x;" : "=r"(tid2));  // hd256 non-causal, within noise; same loop length)
-        const int wg2 = tid2 >> 7;
-        const long long block = ((long long)b * seq_kv * kv_heads + kvh) * HEAD_DIM + wg2 * HALF;
-        store_dkdv_staged<T, HT>(dv_acc, dk_acc, smem + (sQ - sK) + wg2 * 4 * 64 * HALF, dv + block, dk + block,
-                                 (long long)kv_heads * HEAD_DIM, n0, seq_kv, scale, (tid2 >> 5) & 3, tid2 & 31,
-                                 tid2 & 127, 3 + wg2);
+        const long long block = ((long long)b * seq_kv * kv_heads + kvh) * HEAD_DIM + wg * HALF;
+        store_dkdv_staged<T, HT>(dv_acc, dk_acc, smem + (sQ - sK) + wg * 4 * 64 * HALF, dv + block, dk + block,
+                                 (long long)kv_heads * HEAD_DIM, n0, seq_kv, scale, warp & 3, lane, tg, 3 + wg);
     }
     if constexpr (DQ) {
         if (tg == 0) tma::store_wait_all();  // the staging box stays valid until the last reduction is done

@@ -447,10 +447,13 @@ moe_grouped_gemm_wgmma(const T* __restrict__ a, const T* __restrict__ b, TO* __r
 // [r K_t / CK, (r + 1) K_t / CK), and add their sums through distributed shared memory, so a split costs neither
 // a second launch nor a trip of fp32 sums through global memory. Each consumer warpgroup writes its 64 x 128
 // fp32 sums into its own 32 KiB buffer (16-byte chunks XOR-swizzled by row: conflict-free fragment writes and
-// row reads) and arrives on the `ready` barrier of its counterpart warpgroup in every CTA of the cluster; then
-// warpgroup g of CTA r adds rows [r 64 / CK, (r + 1) 64 / CK) of the CK buffers g in rank order (deterministic),
-// applies the epilogue and row scale and stores them, and arrives on every counterpart's `freed` barrier, which
-// a warpgroup waits on before it writes its buffer for the next tile (the barriers' phases count the tiles).
+// row reads) and every thread of it arrives (release.cluster) on the `ready` barrier of its counterpart warpgroup
+// in every CTA of the cluster; then warpgroup g of CTA r adds rows [r 64 / CK, (r + 1) 64 / CK) of the CK buffers
+// g in rank order (deterministic), applies the epilogue and row scale and stores them, and every thread arrives on
+// every counterpart's `freed` barrier, which a warpgroup waits on before it writes its buffer for the next tile
+// (the barriers count CK x 128 arrivals; their phases count the tiles). Each thread releases its own accesses, so
+// compute-sanitizer's racecheck sees the ordering (one thread's release after a named barrier it reports as a
+// hazard; docs/perf/grouped_gemm.md v7.1).
 template <typename T, int STAGES, int EPI, int CM, int BN, int CK = 1, int CW = 2>
 __device__ __forceinline__ void grouped_gemm_tma(const tma::TensorMap& a_map, const tma::TensorMap& b_map,
                                                  const tma::TensorMap& out_map, T* __restrict__ out,
@@ -514,8 +517,8 @@ __device__ __forceinline__ void grouped_gemm_tma(const tma::TensorMap& a_map, co
         }
         if constexpr (CK > 1)
             for (int g = 0; g < CW; ++g) {
-                tma::mbar_init(ready0 + 8 * g, CK);
-                tma::mbar_init(freed0 + 8 * g, CK);
+                tma::mbar_init(ready0 + 8 * g, CK * 128);
+                tma::mbar_init(freed0 + 8 * g, CK * 128);
             }
         tma::fence_mbar_init();
     }
@@ -623,9 +626,8 @@ __device__ __forceinline__ void grouped_gemm_tma(const tma::TensorMap& a_map, co
                         asm volatile("st.shared.v2.f32 [%0], {%1, %2};\n" ::"r"(sums_at(r, 8 * j + 2 * q)),
                                      "f"(d[4 * j + 2 * h]), "f"(d[4 * j + 2 * h + 1]) : "memory");
                     }
-                tma::fence_cluster();
-                ws::bar_sync(1 + g, 128);
-                if (tg < CK) tma::mbar_arrive_cluster(ready, tg);  // this CTA's sums are in: tell every reader
+#pragma unroll
+                for (int s = 0; s < CK; ++s) tma::mbar_arrive_cluster(ready, s);  // my sums are in: every reader
                 tma::mbar_wait_cluster(ready, summed & 1);         // ... and wait for the peers'
                 // rows [r_lo, r_hi) of the tile are this warpgroup's: CPR chunks of 4 sums per row, ITERS per
                 // thread; every chunk's CK loads are issued before any is added (the remote loads' latency
@@ -665,9 +667,8 @@ __device__ __forceinline__ void grouped_gemm_tma(const tma::TensorMap& a_map, co
                         *reinterpret_cast<uint2*>(dst + n_tile * BN + c) = pk;
                     }
                 }
-                tma::fence_cluster();
-                ws::bar_sync(1 + g, 128);
-                if (tg < CK) tma::mbar_arrive_cluster(freed, tg);  // this warpgroup has read every CTA's buffer
+#pragma unroll
+                for (int s = 0; s < CK; ++s) tma::mbar_arrive_cluster(freed, s);  // my reads of every buffer are done
                 ++summed;
                 continue;
             }
