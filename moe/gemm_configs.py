@@ -294,9 +294,9 @@ TMA_64 = (
     GemmConfig(kind="tma", block_m=64, block_n=128, block_k=64, warps_m=4, warps_n=1, stages=8),
     GemmConfig(kind="tma", block_m=64, block_n=64, block_k=64, warps_m=4, warps_n=1, stages=8),
 )
-# Clusters of two CTAs sharing B by TMA multicast: measured slower than TMA[0] on every gemm-suite row (H200,
-# 2026-11-23: 0.72-0.98x; H100 at the 700 W cap, 2026-11-26: 0.72-0.77x with 28 % more energy per call;
-# docs/perf/grouped_gemm.md v7.1), so the planner never takes it; --tune may time it
+# Clusters of two CTAs sharing B by TMA multicast. Until v7.2 each stage's remote release carried a cluster-scope
+# fence (MEMBAR.ALL.GPU) and the pair ran 0.72-0.98x TMA[0]; since, 1.01-1.03x where the groups are long
+# (docs/perf/grouped_gemm.md v7.2), which tma_ranked takes (as_pair)
 TMA_PAIR = (
     GemmConfig(kind="tma", block_m=128, block_n=256, block_k=64, warps_m=8, warps_n=1, stages=4, cluster_m=2),
 )
@@ -354,6 +354,8 @@ def plan(problem: GemmProblem, spec: DeviceSpec) -> tiling.Plan:
         ranked = tma_ranked(problem, spec)
         why = (f"tma tile of least estimated time ({ranked[0][1]:.1f} us: waves of work items, the weights' bytes, "
                f"split-K's partial sums)")
+        if ranked[0][0].cluster_m == 2:
+            why += f"; in clusters of 2 sharing B: groups of >= {PAIR_MIN_GROUP_ROWS} rows on average"
         if rope:  # the ranking always holds unsplit 128 x 256 and 128 x 128 tiles, which hold whole heads
             why += f"; whole {problem.epilogue[4:]}-column heads per tile, no split"
         return tiling.choose([c for c, _ in ranked if problem.epilogue in c.epilogues()]
@@ -478,7 +480,8 @@ def tma_estimate_us(problem: GemmProblem, cfg: GemmConfig, spec: DeviceSpec) -> 
 def tma_ranked(problem: GemmProblem, spec: DeviceSpec) -> list[tuple[GemmConfig, float]]:
     """The tma tiles (128 x 256 and 128 x 128, each deepest ring, split K 1..8 while each split keeps at least
     ``TMA_MIN_K_TILES`` k tiles) with their estimated time, fastest first (ties: the wider tile, fewer splits).
-    Where the fastest is a split 128 x 128 tile, its split across a cluster (``as_cluster_split``) comes first."""
+    Where the fastest is a split 128 x 128 tile, its split across a cluster (``as_cluster_split``) comes first;
+    where it is the unsplit 128 x 256 tile on long groups, the B-multicast pair (``as_pair``)."""
     k_tiles = -(-problem.k // 64)
     out = []
     for order, base in enumerate((TMA[0], TMA_128[0])):
@@ -494,6 +497,9 @@ def tma_ranked(problem: GemmProblem, spec: DeviceSpec) -> list[tuple[GemmConfig,
     clustered = as_cluster_split(problem, ranked[0][0], spec)
     if clustered is not None:
         ranked.insert(0, (clustered, tma_estimate_us(problem, clustered, spec)))
+    pair = as_pair(problem, ranked[0][0], spec)
+    if pair is not None:
+        ranked.insert(0, (pair, ranked[0][1]))
     narrow = narrow_one_wave(problem, spec)
     if narrow is not None:
         ranked.insert(0, (narrow, tma_estimate_us(problem, narrow, spec)))
@@ -531,6 +537,28 @@ def as_cluster_split(problem: GemmProblem, cfg: GemmConfig, spec: DeviceSpec) ->
     return dataclasses.replace(TMA_128_KSPLIT, cluster_k=ck)
 
 
+# The B-multicast pair (TMA_PAIR) in place of the unsplit 128 x 256 tile where the groups average at least this
+# many rows: H100, 2026-11-26 (v7.2, do_bench, M 8192 N 11008 K 4096): pair / TMA[0] 1.024 one group, 1.016 / 1.034
+# at 8 equal / random groups (1,024 rows on average), 1.010 at 32 equal (256 rows) but 0.924 at 32 random, where a
+# pair's second CTA past a short group's end computes for nothing. The host does not know the group sizes (the
+# offsets live on the device), so the average decides. And only with two waves of pairs or more: dense 1024 x 4096
+# x 4096 (64 pairs, one wave) ran 0.974x, 2048 x 4096 x 4096 (128 pairs) 1.009x, the models' larger shapes
+# 1.001-1.034x.
+PAIR_MIN_GROUP_ROWS = 1024
+
+
+def as_pair(problem: GemmProblem, cfg: GemmConfig, spec: DeviceSpec) -> GemmConfig | None:
+    """``TMA_PAIR[0]`` where ``cfg`` is the unsplit 128 x 256 tile (``TMA[0]``), the groups average at least
+    ``PAIR_MIN_GROUP_ROWS`` rows, there are work items for two waves of pairs, the epilogue is one the pair has
+    and it fits ``spec``; else None."""
+    pair = TMA_PAIR[0]
+    if cfg != TMA[0] or problem.epilogue not in pair.epilogues() or tiling.fits(pair, spec) is not None:
+        return None
+    groups = max(1, min(problem.experts, problem.rows))
+    waves = pair.work_items(problem, exact_one_group=True) / cluster_capacity(spec, 2)
+    return pair if problem.rows // groups >= PAIR_MIN_GROUP_ROWS and waves >= 2 else None
+
+
 def _tma_unusable(problem: GemmProblem) -> str | None:
     """Why the tma tile cannot run ``problem`` here (None when it can): the tensor maps need cuda-bindings, and
     the kernel addresses b's rows as one int coordinate (experts * N < 2**31)."""
@@ -554,7 +582,7 @@ def variants(spec: DeviceSpec) -> list[GemmConfig]:
             if cfg not in out:
                 out.append(cfg)
     ksplits = [dataclasses.replace(TMA_128_KSPLIT, cluster_k=c) for c in range(2, TMA_MAX_CLUSTER_K + 1)]
-    return out + [c for c in (*ksplits, *TMA_64, *SKINNY) if tiling.fits(c, spec) is None]
+    return out + [c for c in (*ksplits, *TMA_PAIR, *TMA_64, *SKINNY) if tiling.fits(c, spec) is None]
 
 
 # ---------------------------------------------------------------- tuning (cukernels/tune.py)

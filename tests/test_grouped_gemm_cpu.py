@@ -476,3 +476,21 @@ def test_one_wave_gemms_take_programmatic_launches():
     assert ck3.one_wave(prob(128, 4096), 96)  # 32 tiles, 32 clusters of 3
     assert not tma.one_wave(prob(128, 22016, experts=8), 132)  # the bound counts a partial tile per group
     assert not gemm_configs.LARGE[0].one_wave(prob(128, 512), 132)  # not a tma kernel: no pdl.cuh wait in it
+
+
+def test_pair_ranked_first_on_long_groups_only():
+    """tma_ranked puts the B-multicast pair first where the unsplit 128 x 256 tile leads and the groups average
+    PAIR_MIN_GROUP_ROWS rows or more (the host cannot see the group sizes); never with a rotary epilogue."""
+    spec = device.profile("h100")
+    pair = gemm_configs.TMA_PAIR[0]
+
+    def first(rows, experts, epilogue=None, n=11008):
+        p = gemm_configs.GemmProblem(rows=rows, n=n, k=4096, experts=experts, dtype=dtypes.BF16, epilogue=epilogue)
+        return gemm_configs.tma_ranked(p, spec)[0][0]
+
+    assert first(8192, 1) == pair and first(8192, 8) == pair and first(65536, 32, "swiglu", 22016) == pair
+    assert first(8192, 32) == gemm_configs.TMA[0]  # 256 rows per group on average
+    assert first(8192, 1, "rope128", 4096).cluster_m == 1  # the pair has no rotary epilogue
+    assert first(128, 1, n=4096).cluster_m == 1
+    assert first(1024, 1, n=4096).cluster_m == 1 and first(2048, 1, n=8192) == pair  # 64 pairs: one wave; 128
+    assert pair in gemm_configs.variants(spec)

@@ -150,6 +150,20 @@ __device__ __forceinline__ void mbar_arrive_cluster(unsigned bar, unsigned rank)
         : "memory");
 }
 
+// One arrival on the mbarrier of cluster CTA `rank` that orders nothing beyond the CTA (release at CTA scope, the
+// default): for a consumer freeing a stage whose reads have completed (their values are in registers, e.g. after a
+// wgmma wait), where the peer's producer then refills the stage by TMA. release.cluster (mbar_arrive_cluster) costs
+// a MEMBAR.ALL.GPU before every arrival on sm_90; this one none.
+__device__ __forceinline__ void mbar_arrive_remote(unsigned bar, unsigned rank) {
+    asm volatile(
+        "{\n"
+        ".reg .b32 remote;\n"
+        "mapa.shared::cluster.u32 remote, %0, %1;\n"
+        "mbarrier.arrive.shared::cluster.b64 _, [remote];\n"
+        "}\n" ::"r"(bar), "r"(rank)
+        : "memory");
+}
+
 // Spins until the phase with parity `phase` has completed, acquiring at cluster scope: what the CTAs that arrived
 // from the cluster (release.cluster, mbar_arrive_cluster) wrote before arriving is visible afterwards.
 __device__ __forceinline__ void mbar_wait_cluster(unsigned bar, unsigned phase) {

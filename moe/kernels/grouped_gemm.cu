@@ -574,11 +574,12 @@ __device__ __forceinline__ void grouped_gemm_tma(const tma::TensorMap& a_map, co
         const unsigned ebuf = epi0 + g * EPI_BYTES;
         float d[BN / 2];
         int it = 0, e, mp, n_tile;
-        // the previous stage is free: one arrival per consumer warpgroup in this CTA and in the peer
+        // the previous stage is free: one arrival per consumer warpgroup in this CTA and in the peer (the peer's
+        // without a cluster-scope release: its reads are done, and release.cluster costs a MEMBAR.ALL.GPU per stage)
         auto release = [&](int stage) {
             if (tg == 0) tma::mbar_arrive(empty0 + 8 * stage);
             if constexpr (CM > 1)
-                if (tg == 32) tma::mbar_arrive_cluster(empty0 + 8 * stage, rank ^ 1);
+                if (tg == 32) tma::mbar_arrive_remote(empty0 + 8 * stage, rank ^ 1);
         };
         int summed = 0;  // CK > 1: tiles this warpgroup added through the cluster (the barriers' phase)
         for (int unit = blockIdx.x / CS;
@@ -626,8 +627,9 @@ __device__ __forceinline__ void grouped_gemm_tma(const tma::TensorMap& a_map, co
                         asm volatile("st.shared.v2.f32 [%0], {%1, %2};\n" ::"r"(sums_at(r, 8 * j + 2 * q)),
                                      "f"(d[4 * j + 2 * h]), "f"(d[4 * j + 2 * h + 1]) : "memory");
                     }
+                tma::fence_cluster();  // my sums before my arrivals (one fence, not a release per arrival)
 #pragma unroll
-                for (int s = 0; s < CK; ++s) tma::mbar_arrive_cluster(ready, s);  // my sums are in: every reader
+                for (int s = 0; s < CK; ++s) tma::mbar_arrive_remote(ready, s);  // my sums are in: every reader
                 tma::mbar_wait_cluster(ready, summed & 1);         // ... and wait for the peers'
                 // rows [r_lo, r_hi) of the tile are this warpgroup's: CPR chunks of 4 sums per row, ITERS per
                 // thread; every chunk's CK loads are issued before any is added (the remote loads' latency
@@ -667,8 +669,9 @@ __device__ __forceinline__ void grouped_gemm_tma(const tma::TensorMap& a_map, co
                         *reinterpret_cast<uint2*>(dst + n_tile * BN + c) = pk;
                     }
                 }
+                tma::fence_cluster();
 #pragma unroll
-                for (int s = 0; s < CK; ++s) tma::mbar_arrive_cluster(freed, s);  // my reads of every buffer are done
+                for (int s = 0; s < CK; ++s) tma::mbar_arrive_remote(freed, s);  // my reads of every buffer are done
                 ++summed;
                 continue;
             }
