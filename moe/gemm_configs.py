@@ -355,7 +355,7 @@ def plan(problem: GemmProblem, spec: DeviceSpec) -> tiling.Plan:
         why = (f"tma tile of least estimated time ({ranked[0][1]:.1f} us: waves of work items, the weights' bytes, "
                f"split-K's partial sums)")
         if ranked[0][0].cluster_m == 2:
-            why += f"; in clusters of 2 sharing B: groups of >= {PAIR_MIN_GROUP_ROWS} rows on average"
+            why += f"; in clusters of 2 sharing B (one group, or groups of >= {PAIR_MIN_GROUP_ROWS} rows on average)"
         if rope:  # the ranking always holds unsplit 128 x 256 and 128 x 128 tiles, which hold whole heads
             why += f"; whole {problem.epilogue[4:]}-column heads per tile, no split"
         return tiling.choose([c for c, _ in ranked if problem.epilogue in c.epilogues()]
@@ -537,26 +537,27 @@ def as_cluster_split(problem: GemmProblem, cfg: GemmConfig, spec: DeviceSpec) ->
     return dataclasses.replace(TMA_128_KSPLIT, cluster_k=ck)
 
 
-# The B-multicast pair (TMA_PAIR) in place of the unsplit 128 x 256 tile where the groups average at least this
-# many rows: H100, 2026-11-26 (v7.2, do_bench, M 8192 N 11008 K 4096): pair / TMA[0] 1.024 one group, 1.016 / 1.034
-# at 8 equal / random groups (1,024 rows on average), 1.010 at 32 equal (256 rows) but 0.924 at 32 random, where a
-# pair's second CTA past a short group's end computes for nothing. The host does not know the group sizes (the
-# offsets live on the device), so the average decides. And only with two waves of pairs or more: dense 1024 x 4096
-# x 4096 (64 pairs, one wave) ran 0.974x, 2048 x 4096 x 4096 (128 pairs) 1.009x, the models' larger shapes
-# 1.001-1.034x.
-PAIR_MIN_GROUP_ROWS = 1024
+# The B-multicast pair (TMA_PAIR) in place of the unsplit 128 x 256 tile. H100, 2026-11-26 (v7.2; do_bench cool /
+# sustained at the 700 W cap, N 11008 K 4096): pair / TMA[0] 1.024 on one group of 8192 rows; with groups, a pair's
+# second CTA past a group's end computes for nothing (twice the tile's tail waste): 8 equal groups of 1,024 rows
+# 1.014 / 1.022, but the bench's skewed 8 (gamma splits, 1,024 rows on average) 0.977 / 0.987 and 32 0.893 / 0.873;
+# routed splits (multinomial, the MoE layer's) of 2,048 rows on average 1.000-1.058 / 1.010-1.028. The host does
+# not know the group sizes (the offsets live on the device), so groups must average PAIR_MIN_GROUP_ROWS. And two
+# waves of pairs or more: dense 1024 x 4096 x 4096 (64 pairs, one wave) ran 0.974x, 2048 x 4096 x 4096 (128 pairs)
+# 1.009x, the models' larger shapes 1.001-1.034x.
+PAIR_MIN_GROUP_ROWS = 2048
 
 
 def as_pair(problem: GemmProblem, cfg: GemmConfig, spec: DeviceSpec) -> GemmConfig | None:
-    """``TMA_PAIR[0]`` where ``cfg`` is the unsplit 128 x 256 tile (``TMA[0]``), the groups average at least
-    ``PAIR_MIN_GROUP_ROWS`` rows, there are work items for two waves of pairs, the epilogue is one the pair has
-    and it fits ``spec``; else None."""
+    """``TMA_PAIR[0]`` where ``cfg`` is the unsplit 128 x 256 tile (``TMA[0]``), there are work items for two waves
+    of pairs, several groups average at least ``PAIR_MIN_GROUP_ROWS`` rows, the epilogue is one the pair has and
+    it fits ``spec``; else None."""
     pair = TMA_PAIR[0]
     if cfg != TMA[0] or problem.epilogue not in pair.epilogues() or tiling.fits(pair, spec) is not None:
         return None
     groups = max(1, min(problem.experts, problem.rows))
     waves = pair.work_items(problem, exact_one_group=True) / cluster_capacity(spec, 2)
-    return pair if problem.rows // groups >= PAIR_MIN_GROUP_ROWS and waves >= 2 else None
+    return pair if waves >= 2 and (groups == 1 or problem.rows // groups >= PAIR_MIN_GROUP_ROWS) else None
 
 
 def _tma_unusable(problem: GemmProblem) -> str | None:
