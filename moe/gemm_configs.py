@@ -538,14 +538,15 @@ def as_cluster_split(problem: GemmProblem, cfg: GemmConfig, spec: DeviceSpec) ->
 
 
 # The B-multicast pair (TMA_PAIR) in place of the unsplit 128 x 256 tile. H100, 2026-11-26 (v7.2; do_bench cool /
-# sustained at the 700 W cap, N 11008 K 4096): pair / TMA[0] 1.024 on one group of 8192 rows; with groups, a pair's
-# second CTA past a group's end computes for nothing (twice the tile's tail waste): 8 equal groups of 1,024 rows
-# 1.014 / 1.022, but the bench's skewed 8 (gamma splits, 1,024 rows on average) 0.977 / 0.987 and 32 0.893 / 0.873;
-# routed splits (multinomial, the MoE layer's) of 2,048 rows on average 1.000-1.058 / 1.010-1.028. The host does
-# not know the group sizes (the offsets live on the device), so groups must average PAIR_MIN_GROUP_ROWS. And two
-# waves of pairs or more: dense 1024 x 4096 x 4096 (64 pairs, one wave) ran 0.974x, 2048 x 4096 x 4096 (128 pairs)
-# 1.009x, the models' larger shapes 1.001-1.034x.
-PAIR_MIN_GROUP_ROWS = 2048
+# sustained at the 700 W cap, N 11008 K 4096, pair / TMA[0]): one group of 8192 rows 1.024; a group whose last pair
+# holds at most 128 rows ends in tail items (pair_item in the kernel), so the pair wastes no more rows than the tile:
+# 8 equal groups of 1,024 rows 1.007 / 1.019, the bench's skewed 8 (gamma, 1,024 on average) 1.008 / 1.020 (0.977 /
+# 0.987 before the tail items), routed splits (multinomial, the MoE layer's) of 2,048 rows 0.991-1.062 / 1.010-1.048,
+# but the skewed 32 (256 rows on average) 0.967 / 0.984. The host does not know the group sizes (the offsets live
+# on the device), so groups must average PAIR_MIN_GROUP_ROWS. And two waves of pairs or more: dense 1024 x 4096 x
+# 4096 (64 pairs, one wave) ran 0.974x, 2048 x 4096 x 4096 (128 pairs) 1.009x, the models' larger shapes
+# 1.001-1.034x.
+PAIR_MIN_GROUP_ROWS = 1024
 
 
 def as_pair(problem: GemmProblem, cfg: GemmConfig, spec: DeviceSpec) -> GemmConfig | None:

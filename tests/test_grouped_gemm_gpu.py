@@ -136,6 +136,41 @@ def test_tma_persistent_many_tiles(dtype, epilogue):
 
 
 @pytest.mark.parametrize("epilogue", [None, "swiglu"])
+@pytest.mark.parametrize("n", [1040, 1024])
+def test_pair_tail_items(n, epilogue):
+    """The B-multicast pair on groups whose last pair holds 1-128 rows (cut into tail items: both CTAs on the last
+    m-tile, one n-tile each; an odd n-tile count leaves the last tail's second CTA past N) and groups that fill it:
+    bitwise equal to the unpaired 128 x 256 tile and within tolerance of the reference; rows past the groups stay
+    poisoned; one group (offsets=None) with a tail too."""
+    import cupy
+
+    cfgs = _tma_configs()
+    pair, tile = gemm_configs.TMA_PAIR[0], gemm_configs.TMA[0]
+    if pair not in cfgs:
+        pytest.skip("the pair does not fit this GPU")
+    dtype, k = dtypes.BF16, 200
+    counts = np.array([1, 128, 129, 255, 256, 257, 384, 385, 0, 640, 2000, 100])
+    rows = int(counts.sum()) + 16
+    off = cupy.asarray(np.concatenate([[0], np.cumsum(counts)]).astype(np.int32))
+    a = dtypes.random((rows, k), dtype, seed=71)
+    b = dtypes.random((len(counts), n, k), dtype, seed=72, scale=1.0 / np.sqrt(k))
+    scale = cupy.asarray(np.random.default_rng(11).random(rows, dtype=np.float32) + 0.5)
+    ref = reference(a, b, off, epilogue=epilogue, row_scale=scale)
+    last = int(counts.sum())
+    checks.poison_pool(64 << 20)
+    got = grouped_gemm(a, b, off, epilogue=epilogue, row_scale=scale, config=pair)
+    _check(got[:last], ref[:last], dtype, f"pair {epilogue} n {n}")
+    assert (got[last:].view(np.uint16).get() == 0xFFFF).all(), "pair: rows past the groups were written"
+    want = grouped_gemm(a, b, off, epilogue=epilogue, row_scale=scale, config=tile)
+    assert (got[:last].view(np.uint16) == want[:last].view(np.uint16)).all(), "pair differs from the 128 x 256 tile"
+    for dense_rows in (384, 500):  # 384: a tail item of 128 rows; 500: a last pair of 244
+        d_a = a[:dense_rows].copy()
+        d_got = grouped_gemm(d_a, b[:1], None, epilogue=epilogue, config=pair)
+        d_want = grouped_gemm(d_a, b[:1], None, epilogue=epilogue, config=tile)
+        assert (d_got.view(np.uint16) == d_want.view(np.uint16)).all(), f"pair, one group of {dense_rows} rows"
+
+
+@pytest.mark.parametrize("epilogue", [None, "swiglu"])
 @pytest.mark.parametrize("dtype", DTYPES, ids=dtypes.dtype_name)
 def test_tma_split_k(dtype, epilogue):
     """Split K on both tma tiles: K ranges of unequal length (K = 1000: 16 k tiles, a tail), splits 2-8, row scale,

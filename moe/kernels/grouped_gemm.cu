@@ -53,8 +53,9 @@ template <int EPI> __device__ __forceinline__ float activate(float x) {
 // Which expert work item `tile` falls in, computed by one whole warp (every lane gets the answer): the expert e,
 // the tile's index inside the expert and the expert's m-tile count. The tiles are numbered expert by expert
 // (ceil(count_e / BM) * n_tiles for expert e); the warp scans 32 experts per step (shuffle prefix sum of the tile
-// counts and a ballot). Returns false for tiles past the last one.
-template <int BM>
+// counts and a ballot). Returns false for tiles past the last one. TAIL (the pairs of clusters along M, BM = 256):
+// a group whose last pair holds at most 128 rows has ceil(n_tiles / 2) tail items there instead (pair_tail).
+template <int BM, bool TAIL = false>
 __device__ __forceinline__ bool scan_tile(int tile, const int* __restrict__ offsets, int experts, int n_tiles,
                                           int& e, int& local, int& m_tiles) {
     const int lane = threadIdx.x & 31;
@@ -63,7 +64,11 @@ __device__ __forceinline__ bool scan_tile(int tile, const int* __restrict__ offs
         const int ex = e0 + lane;
         const int count = ex < experts ? offsets[ex + 1] - offsets[ex] : 0;
         const int mt = (count + BM - 1) / BM;
-        const int t = mt * n_tiles;
+        int t = mt * n_tiles;
+        if constexpr (TAIL) {
+            const int rem = count % BM;
+            if (rem != 0 && rem <= BM / 2) t -= n_tiles / 2;
+        }
         int incl = t;
 #pragma unroll
         for (int o = 1; o < 32; o <<= 1) {
@@ -92,6 +97,36 @@ __device__ __forceinline__ void raster(int local, int m_tiles, int n_tiles, int&
     const int group_m = min(m_tiles - first_m, GROUP_M);
     m_tile = first_m + (local % per_group) % group_m;
     n_tile = (local % per_group) / group_m;
+}
+
+// A pair (cluster of two CTAs along M, 2 x 128 rows) whose second CTA would lie past its group's end computes for
+// nothing; such a group's last pair is cut into tail items instead: both CTAs take the group's last 128-row m-tile,
+// CTA r its n-tile 2 j + r, each loading its own B (no multicast). `local` of a group of m_pairs pairs (the last a
+// tail when `tail`): the (pair, n-tile) of a whole pair, or with `tail` left true the tail's pair and n-tile 2 j.
+__device__ __forceinline__ void pair_item(int local, int m_pairs, int n_tiles, bool& tail, int& mp, int& n_tile) {
+    const int m_whole = m_pairs - tail, whole = m_whole * n_tiles;
+    if (local < whole) {
+        tail = false;
+        raster(local, m_whole, n_tiles, mp, n_tile);
+    } else {
+        mp = m_pairs - 1;
+        n_tile = 2 * (local - whole);
+    }
+}
+
+__device__ __forceinline__ bool pair_tail(int count) {
+    const int rem = count % 256;
+    return rem != 0 && rem <= 128;
+}
+
+// scan_tile + pair_item for one warp (clusters of two along M).
+__device__ __forceinline__ bool locate_pair(int tile, const int* __restrict__ offsets, int experts, int n_tiles,
+                                            int& e, int& mp, int& n_tile, bool& tail) {
+    int local, m_pairs;
+    if (!scan_tile<256, true>(tile, offsets, experts, n_tiles, e, local, m_pairs)) return false;
+    tail = pair_tail(offsets[e + 1] - offsets[e]);
+    pair_item(local, m_pairs, n_tiles, tail, mp, n_tile);
+    return true;
 }
 
 // scan_tile + raster for one warp.
@@ -428,7 +463,8 @@ moe_grouped_gemm_wgmma(const T* __restrict__ a, const T* __restrict__ b, TO* __r
 // Rows of A past the group's end (the next group's rows, or zeros past the tensor) and rows of B past N (the next
 // expert's, or zeros) are multiplied but never stored; k past K is zero-filled by TMA.
 // Clusters (CM = 2): the CTAs of a cluster take m-tiles 2i and 2i + 1 of one expert and one n-tile (work items
-// of 256 rows; a rank-1 CTA past the group's end computes on zeros or the next group's rows and stores nothing).
+// of 256 rows; a group whose last pair would hold at most 128 rows ends in tail items instead, both CTAs on its
+// last m-tile and n-tiles 2j, 2j + 1, each loading its own B: pair_item).
 // Each loads its own A and half of B (128 rows), multicast into both CTAs, so B crosses L2 once per pair: 32 KiB
 // of L2 reads per CTA and stage instead of 48. A stage may be refilled only when the consumers of both CTAs have
 // freed it: the empty barriers count 2 CM arrivals, each consumer warpgroup arriving in its own CTA and the peer.
@@ -499,11 +535,22 @@ __device__ __forceinline__ void grouped_gemm_tma(const tma::TensorMap& a_map, co
     const bool dense = offsets == nullptr;
     auto group_lo = [&](int e) { return dense ? 0 : offsets[e]; };
     auto group_hi = [&](int e) { return dense ? rows : offsets[e + 1]; };
-    auto locate = [&](int tile, int& e, int& mp, int& n_tile) {  // a whole warp calls it (locate_tile)
-        if (!dense) return locate_tile<BM * CM>(tile, offsets, experts, n_tiles, e, mp, n_tile);
+    // a whole warp calls it (locate_tile); `tail`: a pair's tail item (pair_item), CM = 2 only
+    auto locate = [&](int tile, int& e, int& mp, int& n_tile, bool& tail) {
+        tail = false;
+        if (!dense) {
+            if constexpr (CM > 1) return locate_pair(tile, offsets, experts, n_tiles, e, mp, n_tile, tail);
+            else return locate_tile<BM>(tile, offsets, experts, n_tiles, e, mp, n_tile);
+        }
         const int m_tiles = (rows + BM * CM - 1) / (BM * CM);
-        if (tile >= m_tiles * n_tiles) return false;
         e = 0;
+        if constexpr (CM > 1) {
+            tail = pair_tail(rows);
+            if (tile >= m_tiles * n_tiles - (tail ? n_tiles / 2 : 0)) return false;
+            pair_item(tile, m_tiles, n_tiles, tail, mp, n_tile);
+            return true;
+        }
+        if (tile >= m_tiles * n_tiles) return false;
         raster(tile, m_tiles, n_tiles, mp, n_tile);
         return true;
     };
@@ -531,7 +578,8 @@ __device__ __forceinline__ void grouped_gemm_tma(const tma::TensorMap& a_map, co
     bool triggered = false;
     auto trigger_if_last = [&](int unit) {  // a whole warp calls it (locate_tile)
         int e2, m2, n2;
-        if (!triggered && !locate(item_tile(unit + gridDim.x / CS), e2, m2, n2)) {
+        bool t2;
+        if (!triggered && !locate(item_tile(unit + gridDim.x / CS), e2, m2, n2, t2)) {
             pdl::launch_dependents();
             triggered = true;
         }
@@ -541,12 +589,14 @@ __device__ __forceinline__ void grouped_gemm_tma(const tma::TensorMap& a_map, co
         if constexpr (CW == 2) ws::regs_dec<40>();  // one consumer warpgroup has registers enough
         if (warp == 0) {
             int it = 0, e, mp, n_tile;
+            bool tail;
             for (int unit = blockIdx.x / CS;
-                 locate(item_tile(unit), e, mp, n_tile);
+                 locate(item_tile(unit), e, mp, n_tile, tail);
                  unit += gridDim.x / CS) {
                 trigger_if_last(unit);
-                const int row0 = group_lo(e) + (mp * CM + mrank) * BM;
-                const int brow0 = e * N + n_tile * BN;
+                // a tail item: both CTAs load the same rows of A and each its own n-tile of B, whole
+                const int row0 = group_lo(e) + (mp * CM + (tail ? 0 : mrank)) * BM;
+                const int brow0 = e * N + (n_tile + (tail ? rank : 0)) * BN;
                 const int ks = item_split(unit), kt_lo = ks * k_tiles / ksplits;
                 const int kt_hi = (ks + 1) * k_tiles / ksplits;
                 if (lane == 0) {
@@ -556,10 +606,15 @@ __device__ __forceinline__ void grouped_gemm_tma(const tma::TensorMap& a_map, co
                         tma::mbar_wait(empty0 + 8 * s, ((it / STAGES) & 1) ^ 1);
                         tma::mbar_arrive_expect_tx(full, STAGE_BYTES);
                         tma::load_2d(sa, a_map, full, kt * BK, row0);
-                        if constexpr (CM > 1)  // this CTA's half of B, into both CTAs
-                            tma::load_2d_multicast(sa + A_BYTES + rank * (B_BYTES / CM), b_map, full, kt * BK,
-                                                   brow0 + rank * (BN / CM), (1u << CM) - 1);
-                        else
+                        if constexpr (CM > 1) {
+                            if (!tail)  // this CTA's half of B, into both CTAs
+                                tma::load_2d_multicast(sa + A_BYTES + rank * (B_BYTES / CM), b_map, full, kt * BK,
+                                                       brow0 + rank * (BN / CM), (1u << CM) - 1);
+                            else  // its own n-tile, in the map's two boxes
+                                for (int h = 0; h < CM; ++h)
+                                    tma::load_2d(sa + A_BYTES + h * (B_BYTES / CM), b_map, full, kt * BK,
+                                                 brow0 + h * (BN / CM));
+                        } else
                             tma::load_2d(sa + A_BYTES, b_map, full, kt * BK, brow0);
                     }
                 }
@@ -574,6 +629,7 @@ __device__ __forceinline__ void grouped_gemm_tma(const tma::TensorMap& a_map, co
         const unsigned ebuf = epi0 + g * EPI_BYTES;
         float d[BN / 2];
         int it = 0, e, mp, n_tile;
+        bool tail;
         // the previous stage is free: one arrival per consumer warpgroup in this CTA and in the peer (the peer's
         // without a cluster-scope release: its reads are done, and release.cluster costs a MEMBAR.ALL.GPU per stage)
         auto release = [&](int stage) {
@@ -583,10 +639,11 @@ __device__ __forceinline__ void grouped_gemm_tma(const tma::TensorMap& a_map, co
         };
         int summed = 0;  // CK > 1: tiles this warpgroup added through the cluster (the barriers' phase)
         for (int unit = blockIdx.x / CS;
-             locate(item_tile(unit), e, mp, n_tile);
+             locate(item_tile(unit), e, mp, n_tile, tail);
              unit += gridDim.x / CS) {
             trigger_if_last(unit);
-            const int m_tile = mp * CM + mrank;
+            const int m_tile = mp * CM + (tail ? 0 : mrank);  // a tail item: the same rows, n-tile 2 j + rank
+            if (tail) n_tile += rank;
             const int ks = item_split(unit), kt_lo = ks * k_tiles / ksplits, kt_hi = (ks + 1) * k_tiles / ksplits;
             for (int kt = kt_lo; kt < kt_hi; ++kt, ++it) {
                 const int s = it % STAGES;
@@ -610,7 +667,7 @@ __device__ __forceinline__ void grouped_gemm_tma(const tma::TensorMap& a_map, co
             // ---- epilogue: fragments -> swizzled staging (activation, row scale, conversion) -> 16-byte row stores
             const int row0 = group_lo(e) + m_tile * BM + 64 * g;
             const int rows_here = min(64, group_hi(e) - row0);
-            if (rows_here <= 0) continue;  // the whole warpgroup takes the same branch
+            if (rows_here <= 0 || n_tile >= n_tiles) continue;  // the whole warpgroup takes the same branch
             const int r_frag = 16 * (warp & 3) + (lane >> 2), q = lane & 3;
             if constexpr (CK > 1) {  // the cluster adds the CK sums of the tile through distributed shared memory
                 // byte address of fp32 (r, c) in a warpgroup's sums: 512-byte rows of 16-byte chunks, chunk ^ 2 (r % 8)
