@@ -29,7 +29,9 @@ On sm_90a a tma tile may split each output tile's K range over several work item
 few tiles, ``gemm_configs.tma_ranked``): on 128 x 128 tiles whose clusters fit at once, the CTAs of a cluster
 split the tile and add their sums through distributed shared memory in rank order (``cluster_k``); otherwise
 their fp32 sums go to scratch the call keeps, and a second kernel adds them in a fixed order. Both are
-deterministic and apply the epilogue and row scale after the sum.
+deterministic and apply the epilogue and row scale after the sum. Large problems (one group, or groups of at least
+``gemm_configs.PAIR_MIN_GROUP_ROWS`` rows on average) run 128 x 256 tiles in clusters of two CTAs along M that
+share each B stage through TMA multicast (``gemm_configs.as_pair``; a group's last 1-128 rows as tail items).
 
 Nothing is synchronised with the host: the kernel finds each CTA's (expert, m-tile, n-tile) from ``offsets``
 itself (grouped_gemm.cu's header), so the call can be captured in a CUDA graph.
