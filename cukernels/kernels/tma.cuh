@@ -150,16 +150,18 @@ __device__ __forceinline__ void mbar_arrive_cluster(unsigned bar, unsigned rank)
         : "memory");
 }
 
-// One arrival on the mbarrier of cluster CTA `rank` that orders nothing beyond the CTA (release at CTA scope, the
-// default): for a consumer freeing a stage whose reads have completed (their values are in registers, e.g. after a
-// wgmma wait), where the peer's producer then refills the stage by TMA. release.cluster (mbar_arrive_cluster) costs
-// a MEMBAR.ALL.GPU before every arrival on sm_90; this one none.
+// One arrival on the mbarrier of cluster CTA `rank`, relaxed at cluster scope: it orders nothing itself. For a
+// consumer freeing a stage whose reads have completed (their values are in registers, e.g. after a wgmma wait),
+// which the peer's producer then refills by TMA; or after the caller's own fence.acq_rel.cluster, which makes fence
+// + arrive the memory model's release pattern (the split-K sums). release.cluster (mbar_arrive_cluster) costs a
+// MEMBAR.ALL.GPU before every arrival on sm_90; this one none (the SASS of the default arrive, release at CTA
+// scope, which CUTLASS's cluster barrier uses).
 __device__ __forceinline__ void mbar_arrive_remote(unsigned bar, unsigned rank) {
     asm volatile(
         "{\n"
         ".reg .b32 remote;\n"
         "mapa.shared::cluster.u32 remote, %0, %1;\n"
-        "mbarrier.arrive.shared::cluster.b64 _, [remote];\n"
+        "mbarrier.arrive.relaxed.cluster.shared::cluster.b64 _, [remote];\n"
         "}\n" ::"r"(bar), "r"(rank)
         : "memory");
 }
