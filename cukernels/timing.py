@@ -88,8 +88,8 @@ def pool(rounds: Sequence[Timing], *, by_round: bool = False) -> Timing:
     samples; relative noise the larger of the samples' spread and the round medians' (half their range over the
     median, the variation between moments that a single round cannot see). ``by_round``: the median is the median
     of the round medians, each round one vote (rounds of equal budget taken in turns: a round that stops early on
-    settled samples would otherwise weigh less than a noisy one that ran its whole budget). One round is returned
-    as it is."""
+    settled samples would otherwise weigh less than a noisy one that ran its whole budget), and p20 / p80 weigh
+    each round alike too (and hold the median between them). One round is returned as it is."""
     if not rounds:
         raise ValueError("pool needs at least one round")
     if len(rounds) == 1:
@@ -98,11 +98,25 @@ def pool(rounds: Sequence[Timing], *, by_round: bool = False) -> Timing:
     clocks = _merge_clocks([r.clocks for r in rounds])
     joined = summarize([t for r in rounds for t in r.times_ms], converged=all(r.converged for r in rounds),
                        clocks=clocks)
-    if by_round:
-        joined = dataclasses.replace(joined, median_ms=float(np.median(medians)))
+    if by_round:  # each round one vote for the quantiles too (its samples weigh 1 / its count), around that median
+        med = float(np.median(medians))
+        p20, p80 = _vote_quantiles([r.times_ms for r in rounds], (0.2, 0.8)) or (joined.p20_ms, joined.p80_ms)
+        joined = dataclasses.replace(joined, median_ms=med, p20_ms=min(p20, med), p80_ms=max(p80, med))
     between = (max(medians) - min(medians)) / (2 * joined.median_ms) if joined.median_ms > 0 else 0.0
     return dataclasses.replace(joined, rel_noise=max(joined.rel_noise, between), round_medians_ms=medians,
                                round_noise=between)
+
+
+def _vote_quantiles(rounds_ms: Sequence[Sequence[float]], qs: Sequence[float]) -> tuple[float, ...] | None:
+    """Quantiles of the rounds' samples pooled with each round weighing the same (a sample 1 / its round's
+    count): the lowest sample whose cumulative weight reaches q. None where a round kept no samples."""
+    if not rounds_ms or any(len(r) == 0 for r in rounds_ms):
+        return None
+    vals = np.concatenate([np.asarray(r, dtype=np.float64) for r in rounds_ms])
+    weights = np.concatenate([np.full(len(r), 1.0 / len(r)) for r in rounds_ms])
+    order = np.argsort(vals, kind="stable")
+    cum = np.cumsum(weights[order]) / weights.sum()
+    return tuple(float(vals[order][min(int(np.searchsorted(cum, q - 1e-12)), len(vals) - 1)]) for q in qs)
 
 
 def _merge_clocks(all_clocks: Sequence[dict]) -> dict:

@@ -316,6 +316,13 @@ def test_pooled_rounds_state_the_spread_between_rounds():
     by_round = timing.pool(turns, by_round=True)
     assert by_round.median_ms == pytest.approx(1.0) and by_round.samples == 60
     assert by_round.round_noise == pytest.approx(0.055)
+    assert by_round.p20_ms <= by_round.median_ms <= by_round.p80_ms
+    # the quantiles vote by round as well: pooled by sample, one long round's 100 samples at 2.0 would put p20 above
+    # the by-round median of 1.1
+    skewed = [timing.summarize([1.0]), timing.summarize([2.0] * 100), timing.summarize([1.1])]
+    assert timing.pool(skewed).p20_ms == pytest.approx(2.0)
+    v = timing.pool(skewed, by_round=True)
+    assert v.median_ms == pytest.approx(1.1) and (v.p20_ms, v.p80_ms) == (pytest.approx(1.0), pytest.approx(2.0))
 
 
 def _result(**kw):
