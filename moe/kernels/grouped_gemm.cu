@@ -483,13 +483,13 @@ moe_grouped_gemm_wgmma(const T* __restrict__ a, const T* __restrict__ b, TO* __r
 // [r K_t / CK, (r + 1) K_t / CK), and add their sums through distributed shared memory, so a split costs neither
 // a second launch nor a trip of fp32 sums through global memory. Each consumer warpgroup writes its 64 x 128
 // fp32 sums into its own 32 KiB buffer (16-byte chunks XOR-swizzled by row: conflict-free fragment writes and
-// row reads) and every thread of it arrives (release.cluster) on the `ready` barrier of its counterpart warpgroup
-// in every CTA of the cluster; then warpgroup g of CTA r adds rows [r 64 / CK, (r + 1) 64 / CK) of the CK buffers
-// g in rank order (deterministic), applies the epilogue and row scale and stores them, and every thread arrives on
-// every counterpart's `freed` barrier, which a warpgroup waits on before it writes its buffer for the next tile
-// (the barriers count CK x 128 arrivals; their phases count the tiles). Each thread releases its own accesses, so
-// compute-sanitizer's racecheck sees the ordering (one thread's release after a named barrier it reports as a
-// hazard; docs/perf/grouped_gemm.md v7.1).
+// row reads) and every thread of it fences at cluster scope and arrives on the `ready` barrier of its counterpart
+// warpgroup in every CTA of the cluster; then warpgroup g of CTA r adds rows [r 64 / CK, (r + 1) 64 / CK) of the CK
+// buffers g in rank order (deterministic), applies the epilogue and row scale and stores them, and every thread
+// fences and arrives on every counterpart's `freed` barrier, which a warpgroup waits on before it writes its buffer
+// for the next tile (the barriers count CK x 128 arrivals; their phases count the tiles). Each thread releases its
+// own accesses, so compute-sanitizer's racecheck sees the ordering (one thread's release after a named barrier it
+// reports as a hazard; docs/perf/grouped_gemm.md v7.1, v7.2: one fence per thread, then relaxed arrivals).
 template <typename T, int STAGES, int EPI, int CM, int BN, int CK = 1, int CW = 2>
 __device__ __forceinline__ void grouped_gemm_tma(const tma::TensorMap& a_map, const tma::TensorMap& b_map,
                                                  const tma::TensorMap& out_map, T* __restrict__ out,
