@@ -139,23 +139,12 @@ __device__ __forceinline__ void cluster_sync() {
     asm volatile("barrier.cluster.arrive.release.aligned;\nbarrier.cluster.wait.acquire.aligned;\n" ::: "memory");
 }
 
-// One arrival on the mbarrier at the offset of `bar` in the shared memory of cluster CTA `rank`.
-__device__ __forceinline__ void mbar_arrive_cluster(unsigned bar, unsigned rank) {
-    asm volatile(
-        "{\n"
-        ".reg .b32 remote;\n"
-        "mapa.shared::cluster.u32 remote, %0, %1;\n"
-        "mbarrier.arrive.release.cluster.shared::cluster.b64 _, [remote];\n"
-        "}\n" ::"r"(bar), "r"(rank)
-        : "memory");
-}
-
 // One arrival on the mbarrier of cluster CTA `rank`, relaxed at cluster scope: it orders nothing itself. For a
 // consumer freeing a stage whose reads have completed (their values are in registers, e.g. after a wgmma wait),
 // which the peer's producer then refills by TMA; or after the caller's own fence.acq_rel.cluster, which makes fence
-// + arrive the memory model's release pattern (the split-K sums). release.cluster (mbar_arrive_cluster) costs a
-// MEMBAR.ALL.GPU before every arrival on sm_90; this one none (the SASS of the default arrive, release at CTA
-// scope, which CUTLASS's cluster barrier uses).
+// + arrive the memory model's release pattern (the split-K sums). An arrive with release.cluster costs a
+// MEMBAR.ALL.GPU before every arrival on sm_90 (a 28 % loss in the grouped GEMM's pair, docs/perf/grouped_gemm.md
+// v7.2); this one none (the SASS of the default arrive, release at CTA scope, which CUTLASS's cluster barrier uses).
 __device__ __forceinline__ void mbar_arrive_remote(unsigned bar, unsigned rank) {
     asm volatile(
         "{\n"
@@ -166,8 +155,9 @@ __device__ __forceinline__ void mbar_arrive_remote(unsigned bar, unsigned rank) 
         : "memory");
 }
 
-// Spins until the phase with parity `phase` has completed, acquiring at cluster scope: what the CTAs that arrived
-// from the cluster (release.cluster, mbar_arrive_cluster) wrote before arriving is visible afterwards.
+// Spins until the phase with parity `phase` has completed, acquiring at cluster scope: what the threads that
+// arrived from the cluster wrote before their fence.acq_rel.cluster and arrival (mbar_arrive_remote) is visible
+// afterwards.
 __device__ __forceinline__ void mbar_wait_cluster(unsigned bar, unsigned phase) {
     asm volatile(
         "{\n"
