@@ -551,10 +551,11 @@ PAIR_MIN_GROUP_ROWS = 1024
 
 def as_pair(problem: GemmProblem, cfg: GemmConfig, spec: DeviceSpec) -> GemmConfig | None:
     """``TMA_PAIR[0]`` where ``cfg`` is the unsplit 128 x 256 tile (``TMA[0]``), there are work items for two waves
-    of pairs, several groups average at least ``PAIR_MIN_GROUP_ROWS`` rows, the epilogue is one the pair has and
-    it fits ``spec``; else None."""
+    of pairs, the rows are one group or groups of at least ``PAIR_MIN_GROUP_ROWS`` rows on average, and the epilogue
+    is one the pair has; else None. (Whether it fits ``spec`` is the caller's choice, ``tiling.choose``, as for
+    every ranked tile.)"""
     pair = TMA_PAIR[0]
-    if cfg != TMA[0] or problem.epilogue not in pair.epilogues() or tiling.fits(pair, spec) is not None:
+    if cfg != TMA[0] or problem.epilogue not in pair.epilogues():
         return None
     groups = max(1, min(problem.experts, problem.rows))
     waves = pair.work_items(problem, exact_one_group=True) / cluster_capacity(spec, 2)
