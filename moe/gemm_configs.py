@@ -10,6 +10,7 @@ planner raises ``PlanError``; it never hands back a config that would fail or fa
 """
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import functools
 
@@ -176,7 +177,16 @@ class GemmConfig:
             return pipeline + groups * 64 * 128 * 2 + 16 * self.stages + 1024
         return pipeline + 16 + (1024 if self.kind == "wgmma" else 0)
 
-    def name_expression(self, *, dtype, epilogue: str | None = None, out_dtype=None) -> str:
+    @property
+    def gathers(self) -> bool:
+        """The tile can fetch A's rows through an index itself (the layer's token gather fused into its loads):
+        skinny tiles, and the unsplit 128 x 256 tma tile alone or in pairs (``moe_grouped_gemm_tma_gather``)."""
+        if self.kind == "skinny":
+            return True
+        return (self.kind == "tma" and (self.block_m, self.block_n) == (128, 256) and self.split_k == 1
+                and self.cluster_k == 1)
+
+    def name_expression(self, *, dtype, epilogue: str | None = None, out_dtype=None, gather: bool = False) -> str:
         if epilogue not in EPILOGUES:
             raise ValueError(f"epilogue must be one of {list(EPILOGUES)}, got {epilogue!r}")
         out_c = dtypes.ctype(dtype if out_dtype is None else out_dtype)
@@ -185,6 +195,11 @@ class GemmConfig:
         if self.kind == "tma":
             if out_c != dtypes.ctype(dtype):
                 raise ValueError(f"a tma tile writes its input dtype, got out_dtype {out_dtype}")
+            if gather:
+                if not self.gathers or epilogue not in (None, "swiglu"):
+                    raise ValueError(f"{self} has no fused gather with epilogue {epilogue!r}")
+                kernel = "moe_grouped_gemm_tma_pair_gather" if self.cluster_m == 2 else "moe_grouped_gemm_tma_gather"
+                return f"{kernel}<{dtypes.ctype(dtype)}, {self.stages}, {EPILOGUES[epilogue]}>"
             if self.cluster_m == 2:
                 return f"moe_grouped_gemm_tma_pair<{dtypes.ctype(dtype)}, {self.stages}, {EPILOGUES[epilogue]}>"
             head = f"{dtypes.ctype(dtype)}, {self.stages}, {EPILOGUES[epilogue]}"
@@ -408,6 +423,26 @@ def skinny_config(problem: GemmProblem, spec: DeviceSpec) -> tuple[GemmConfig, s
                 return cfg, f"~{avg:.1f} rows per group over {groups} groups: {ctas} CTAs >= {target}"
     cfg, ctas = best
     return cfg, f"~{avg:.1f} rows per group over {groups} groups: {ctas} CTAs, the most a split gives"
+
+
+@contextlib.contextmanager
+def expert_gemms_planned_as(tile: GemmConfig):
+    """Within the block, every grouped GEMM of several groups with a 16-bit output (a MoE layer's expert GEMMs)
+    is planned as ``tile``; the others (the router's fp32 GEMM) as ``plan`` says. For A/B runs, tests and the
+    sanitizer's cases; a layer built inside keeps the plan it was built with (clear moe.layer's cache around it)."""
+    real = globals()["plan"]
+
+    def forced(problem: GemmProblem, spec: DeviceSpec) -> tiling.Plan:
+        if problem.experts > 1 and problem.out_dtype is None:
+            return tiling.Plan(config=tile, smem_bytes=tile.smem_bytes(), limit=spec.smem_per_block_optin,
+                               reason=f"forced: {tile}")
+        return real(problem, spec)
+
+    globals()["plan"] = forced
+    try:
+        yield
+    finally:
+        globals()["plan"] = real
 
 
 def few_experts_touched(problem: GemmProblem) -> bool:

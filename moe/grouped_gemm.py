@@ -147,8 +147,9 @@ class GemmCall:
     (``dtype``, or float32 when ``problem.out_dtype`` says so).
 
     ``gather``: the offer of a fused token gather (the layer's, ``gather`` = top_k), taken when the plan is a skinny
-    tile (``self.gather`` says whether): row r of the groups then reads a[index[r] // gather], with ``index`` the
-    sixth pointer of ``enqueue`` (the sorted slots), and ``a`` is the tokens, not the gathered rows.
+    tile, or (``TMA_GATHER``) the 128 x 256 tma tile alone or in pairs with a plain or SwiGLU epilogue
+    (``self.gather`` says whether): row r of the groups then reads a[index[r] // gather], with ``index`` the sixth
+    pointer of ``enqueue`` (the sorted slots), and ``a`` is the tokens, not the gathered rows.
 
     ``early``: the caller passes ``enqueue(..., pcounts=)``, the groups' row counts, written two launches back or
     more (the layer's routing counts); a skinny plan over fewer rows than experts then lists the experts from them
@@ -171,7 +172,8 @@ class GemmCall:
                 if config.kind == "tma" and getattr(config, what) > k_tiles:
                     raise ValueError(f"{config}: {what} {getattr(config, what)} exceeds K's {k_tiles} k tiles of "
                                      f"{config.block_k} (K = {problem.k}); every split needs one")
-            self.config, self.gather = config, int(gather) if config.kind == "skinny" else 0
+            takes = config.kind == "skinny" or (TMA_GATHER and config.gathers and problem.epilogue in (None, "swiglu"))
+            self.config, self.gather = config, int(gather) if takes else 0
             n_out = problem.n // 2 if problem.epilogue == "swiglu" else problem.n
             self.out_shape, self.out_dtype = (problem.rows, n_out), dtypes.dtype_name(out_dtype)
             self.empty = problem.rows == 0
@@ -182,15 +184,17 @@ class GemmCall:
             P = _launch.Ptr  # 0 a, 1 b, 2 out, 3 offsets, 4 row_scale (0: none), 5 gather index, 6 split sums,
             # 7, 8 rotary cos / sin, 9 the groups' row counts (early skinny plans)
             a_arg, b_arg = P(0), P(1)
+            tma_gather = config.kind == "tma" and self.gather > 0
             kern = launch.kernel(SOURCE, config.name_expression(dtype=dtype, epilogue=problem.epilogue,
-                                                                out_dtype=out_dtype))
+                                                                out_dtype=out_dtype, gather=tma_gather))
             clusters, out_args = None, (P(2),)
             if config.kind == "tma":  # tensor maps over a [rows, K], b [experts * N, K] and out [rows, n_out]
                 from cukernels import tma
 
                 row_bytes = (problem.k * 2,)
-                a_arg = tma.TensorMap(2, (problem.k, problem.rows), row_bytes, (config.block_k, config.block_m),
-                                      swizzle=128, index=0)
+                if not tma_gather:  # (a gathering tile reads a's rows itself)
+                    a_arg = tma.TensorMap(2, (problem.k, problem.rows), row_bytes, (config.block_k, config.block_m),
+                                          swizzle=128, index=0)
                 b_arg = tma.TensorMap(2, (problem.k, problem.experts * problem.n), row_bytes,  # a cluster's CTAs
                                       (config.block_k, config.block_n // config.cluster_m), swizzle=128, index=1)
                 # out: 64 x 64 boxes of the epilogue's staging blocks (and the pointer, for partial slabs). A split-K
@@ -208,8 +212,11 @@ class GemmCall:
                     np.int32(problem.k))
             if config.kind == "skinny":  # 5: the gather's row index (0: none) and its divisor
                 args += (P(5), np.int32(max(1, self.gather)))
+            if tma_gather:  # b's map, out's; the groups; a (the token rows), 5: the index, its divisor
+                args = (b_arg, *out_args, P(3), P(4), np.int32(problem.experts), np.int32(problem.n),
+                        np.int32(problem.k), np.int32(problem.rows), P(0), P(5), np.int32(self.gather))
             splits = config.split_k if config.kind == "tma" else 1
-            if config.kind == "tma":  # 6: the split sums [splits, rows, N] fp32 (unused without a split)
+            if config.kind == "tma" and not tma_gather:  # 6: the split sums [splits, rows, N] fp32 (unused unsplit)
                 args += (P(6), np.int32(splits), np.int32(problem.rows))
                 if config.cluster_size == 1:  # 7, 8: the rotary tables (0: none), their rows, the rotated columns
                     args += (P(7), P(8), np.int32(rope[0]), np.int32(rope[1]))
@@ -432,6 +439,9 @@ def _validated(a, b, offsets, epilogue, row_scale, out_dtype, config, rotary=Non
     return GemmCall(problem, config, dtypes.storage(a), frame, dense=offsets is None, rope=rope)
 
 
+# The layer's token gather fused into the up-projection's loads on the 128 x 256 tma tiles (alone or in pairs;
+# docs/perf/grouped_gemm.md "v7.3"). False: the layer gathers the rows by a launch of its own (A/B, tests).
+TMA_GATHER = True
 _NO_OFFSETS = (None, 0)  # offsets=None: its view (no key, a null pointer)
 
 

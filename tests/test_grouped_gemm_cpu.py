@@ -495,3 +495,21 @@ def test_pair_ranked_first_on_long_groups_only():
     assert first(128, 1, n=4096).cluster_m == 1
     assert first(1024, 1, n=4096).cluster_m == 1 and first(2048, 1, n=8192) == pair  # 64 pairs: one wave; 128
     assert pair in gemm_configs.variants(spec)
+
+
+@pytest.mark.slow
+def test_tma_gather_kernels_named_and_built_clean():
+    """The fused-gather tma kernels (the layer's up-projection reading token rows through the sorted slots): named
+    for the 128 x 256 tile alone and in pairs, refused for tiles and epilogues without it; 0 spills (sm_90a)."""
+    tile, pair = gemm_configs.TMA[0], gemm_configs.TMA_PAIR[0]
+    assert tile.gathers and pair.gathers and gemm_configs.SKINNY[0].gathers
+    assert not gemm_configs.TMA_128[0].gathers and not dataclasses.replace(tile, split_k=2).gathers
+    assert (tile.name_expression(dtype=BF16, epilogue="swiglu", gather=True)
+            == "moe_grouped_gemm_tma_gather<__nv_bfloat16, 4, 1>")
+    assert pair.name_expression(dtype=BF16, gather=True) == "moe_grouped_gemm_tma_pair_gather<__nv_bfloat16, 4, 0>"
+    with pytest.raises(ValueError, match="no fused gather"):
+        gemm_configs.TMA_128[0].name_expression(dtype=BF16, gather=True)
+    exprs = [c.name_expression(dtype=dt, epilogue=ep, gather=True) for c in (tile, pair) for dt in (np.float16, BF16)
+             for ep in (None, "swiglu")]
+    for expr, r in compile.compile_offline(SOURCE, exprs, "sm_90a").items():
+        assert r.spills == 0 and r.stack_bytes == 0 and not r.performance_warnings, f"{expr}: {r}"

@@ -362,6 +362,26 @@ def test_large_k_accumulates_in_fp32():
 # ---------------------------------------------------------------- layer
 
 
+def _graph_replays(layer, x, cases):
+    """``layer`` captured on a CuPy stream over a static copy of ``x``, replayed for each (input, expected output)
+    of ``cases`` into a poisoned output: bitwise equal each time."""
+    import cupy
+
+    cupy.cuda.Device().synchronize()
+    stream = cupy.cuda.Stream(non_blocking=True)
+    with stream:
+        static_x = x.copy()
+        stream.begin_capture()
+        out = layer(static_x)
+        graph = stream.end_capture()
+        for xi, want in cases:
+            static_x[...] = xi
+            checks.poison(out)
+            graph.launch()
+            stream.synchronize()
+            assert bool((out == want).all())
+
+
 def _layer(tokens, hidden, inter, experts, top_k, dtype, activation, seed=0):
     import cupy
 
@@ -392,6 +412,45 @@ def test_layer_matches_reference(dtype, activation):
     res.raise_if_failed()
 
 
+@pytest.mark.parametrize("pair", [False, True])
+def test_layer_tma_gather_equals_gather_launch(pair):
+    """The token gather fused into the up-projection's loads on the 128 x 256 tma tile (alone and in pairs): the
+    layer's output bitwise equal to the one with the gather launch, within tolerance of the reference; groups of
+    ragged size (tails of pairs), K with a tail of the 64-wide k tile; again under a CUDA graph with fresh inputs."""
+    import importlib
+
+    from moe import layer as layer_mod
+
+    gg = importlib.import_module("moe.grouped_gemm")  # (``from moe import grouped_gemm`` is the function)
+    _tma_configs()
+    dtype, top_k = dtypes.BF16, 2
+    x, router, w_up, w_down = _layer(1500, 328, 384, 8, top_k, dtype, "swiglu", seed=5)
+    tile = gemm_configs.TMA_PAIR[0] if pair else gemm_configs.TMA[0]
+    outs = {}
+    try:
+        for fused in (False, True):
+            gg.TMA_GATHER = fused
+            layer_mod._LAYER.clear()
+            with gemm_configs.expert_gemms_planned_as(tile):
+                layer = MoELayer(router, w_up, w_down, top_k)
+                checks.poison_pool(64 << 20)
+                outs[fused] = layer(x)
+            key = (*(layer_mod._launch.view(t)[0] for t in (x, layer.router_b, layer.w_gate_up, layer.w_down)),
+                   top_k, "swiglu")
+            call = layer_mod._LAYER.get(key)
+            assert call.up.config == tile and call.fused_gather == fused, (call.up.config, call.fused_gather)
+        assert bool((outs[False] == outs[True]).all()), "fused gather differs from the gather launch"
+        ref = reference_forward(x, router, w_up, w_down, top_k)
+        naive = _naive(reference_forward(x, router, w_up, w_down, top_k, round_to=dtype), dtype)
+        checks.compare(outs[True], ref, tol=TOL["bf16"], naive=naive, name="tma gather").raise_if_failed()
+        x2 = dtypes.random(x.shape, dtype, seed=77)
+        with gemm_configs.expert_gemms_planned_as(tile):
+            _graph_replays(layer, x, ((x2, layer(x2)), (x, outs[True])))
+    finally:
+        gg.TMA_GATHER = True
+        layer_mod._LAYER.clear()
+
+
 @pytest.mark.parametrize("tokens,experts,top_k", [(1, 64, 8), (5, 16, 4), (24, 8, 2)])
 def test_layer_decode_sizes(tokens, experts, top_k):
     """Decode-sized layers: skinny expert GEMMs, the up-projection gathering the token rows itself."""
@@ -420,8 +479,6 @@ def test_fused_ffn_equals_two_launches(tokens, experts, top_k, early):
     combine in one launch (router GEMM, routing and permutation joined to it: moe_decode_skinny), are bitwise the
     five launches they replace, call after call (the counters left zeroed), and under a CUDA graph with fresh
     inputs; with the experts listed before the programmatic wait (early) and after it."""
-    import cupy
-
     from moe import layer as layer_mod
 
     x, router, w_up, w_down = _layer(tokens, 256, 192, experts, top_k, dtypes.BF16, "swiglu", seed=tokens + 11)
@@ -445,19 +502,7 @@ def test_fused_ffn_equals_two_launches(tokens, experts, top_k, early):
                 assert bool((a == b).all()), mode
         x2 = dtypes.random(x.shape, dtypes.BF16, seed=99)
         eager2 = layer(x2)
-        cupy.cuda.Device().synchronize()
-        stream = cupy.cuda.Stream(non_blocking=True)
-        with stream:
-            static_x = x.copy()
-            stream.begin_capture()
-            out = layer(static_x)
-            graph = stream.end_capture()
-            for xi, want in ((x, outs[True, True][0]), (x2, eager2), (x, outs[True, True][0])):
-                static_x[...] = xi
-                checks.poison(out)
-                graph.launch()
-                stream.synchronize()
-                assert bool((out == want).all())
+        _graph_replays(layer, x, ((x, outs[True, True][0]), (x2, eager2), (x, outs[True, True][0])))
     finally:
         layer_mod.FUSED_FFN = layer_mod.EARLY_WEIGHTS = layer_mod.FUSED_DECODE = True
         layer_mod._LAYER.clear()

@@ -167,6 +167,24 @@ def gemm_cases():
             for cfg in (*gemm_configs.TMA_64, gemm_configs.TMA_128[0], gemm_configs.TMA[0]):
                 if gemm_configs.ROPE[hd] in cfg.epilogues():
                     grouped_gemm(a, b512, None, rotary=(cos, sin, 256), config=cfg)
+        # the layer's up-projection gathering the token rows in its loads (the 128 x 256 tile alone and in pairs;
+        # ragged groups, a K tail of the 64-wide k tile)
+        _tma_gather_layers(gemm_configs.TMA[0], gemm_configs.TMA_PAIR[0])
+
+
+def _tma_gather_layers(*tiles):
+    """A small MoE layer whose expert GEMMs are planned as each of ``tiles`` (the router as the planner says)."""
+    from moe import MoELayer, gemm_configs
+    from moe import layer as layer_mod
+
+    router = cupy.random.default_rng(7).standard_normal((328, 8), dtype=cupy.float32)
+    w_up, w_down = dtypes.random((8, 768, 328), dtypes.BF16, seed=8), dtypes.random((8, 328, 384), dtypes.BF16, seed=9)
+    x = dtypes.random((700, 328), dtypes.BF16, seed=10)
+    for tile in tiles:
+        layer_mod._LAYER.clear()
+        with gemm_configs.expert_gemms_planned_as(tile):
+            MoELayer(router, w_up, w_down, 2)(x)
+        layer_mod._LAYER.clear()
 
 
 def skinny_cases():

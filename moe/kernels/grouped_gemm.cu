@@ -490,14 +490,25 @@ moe_grouped_gemm_wgmma(const T* __restrict__ a, const T* __restrict__ b, TO* __r
 // for the next tile (the barriers count CK x 128 arrivals; their phases count the tiles). Each thread releases its
 // own accesses, so compute-sanitizer's racecheck sees the ordering (one thread's release after a named barrier it
 // reports as a hazard; docs/perf/grouped_gemm.md v7.1, v7.2: one fence per thread, then relaxed arrivals).
-template <typename T, int STAGES, int EPI, int CM, int BN, int CK = 1, int CW = 2>
+// GATHER (the MoE layer's up-projection, moe_grouped_gemm_tma_gather): A's rows are token rows fetched through
+// an index, row r of the groups = x[index[r] / divisor] (no gathered copy of the activations): the producer
+// warpgroup's 128 threads copy each stage's A tile with cp.async (16-byte chunks, chunk c of row r at c ^ (r % 8):
+// the layout TMA's 128-byte swizzle gives); each thread's copies arrive on the stage's full barrier when they land
+// (cp.async.mbarrier.arrive.noinc: the producer never waits on its own copies, so B's TMA loads keep the whole
+// pipeline's lead), which counts 1 + 128 arrivals and B's bytes. The consumers fence the proxies after the wait
+// (fence.proxy.async: generic-proxy writes, wgmma reads through the async proxy). The token rows are read with an
+// L2 evict-last policy: every n-tile of a group reads them again, and without it the weights streaming through L2
+// evict them (the memory-bound up-projection at 2,048 tokens moved 7.5 GB instead of 6.0: 0.82x the layer with
+// the gather launch; with it 1.00x, docs/perf/grouped_gemm.md "v7.3").
+template <typename T, int STAGES, int EPI, int CM, int BN, int CK = 1, int CW = 2, bool GATHER = false>
 __device__ __forceinline__ void grouped_gemm_tma(const tma::TensorMap& a_map, const tma::TensorMap& b_map,
                                                  const tma::TensorMap& out_map, T* __restrict__ out,
                                                  const int* __restrict__ offsets, const float* __restrict__ row_scale,
                                                  int experts, int N, int K, float* __restrict__ partial, int splits,
                                                  int rows, const float* __restrict__ rope_cos = nullptr,
                                                  const float* __restrict__ rope_sin = nullptr, int rope_seq = 1,
-                                                 int rope_cols = 0) {
+                                                 int rope_cols = 0, const T* __restrict__ gx = nullptr,
+                                                 const int* __restrict__ gindex = nullptr, int gdiv = 1) {
     constexpr int BM = 64 * CW, BK = 64;  // CW consumer warpgroups, 64 rows each
     static_assert(CW == 1 || CW == 2, "one or two consumer warpgroups");
     static_assert(BN == 64 || BN == 128 || BN == 256, "64, 128 or 256 columns per tile");
@@ -510,6 +521,8 @@ __device__ __forceinline__ void grouped_gemm_tma(const tma::TensorMap& a_map, co
     static_assert(EPI == EPI_NONE || EPI == EPI_SWIGLU || HD > 0, "plain, SwiGLU or rotary epilogue");
     static_assert(HD == 0 || (CM == 1 && CK == 1 && BN % HD == 0), "rotary: whole heads in a tile, no clusters");
     static_assert(CM == 1 || CM == 2, "clusters of 1 or 2 CTAs along M");
+    static_assert(!GATHER || (CW == 2 && CK == 1 && HD == 0 && STAGES >= 2),
+                  "the fused gather: 128-row tiles, no split, no rotary");
     static_assert(CK == 1 || (CM == 1 && BN <= 128 && CK <= 4), "clusters along K: 2-4 CTAs, 64/128-column tiles");
     constexpr int CS = CM * CK;  // CTAs per cluster
 
@@ -555,11 +568,11 @@ __device__ __forceinline__ void grouped_gemm_tma(const tma::TensorMap& a_map, co
         return true;
     };
     if (tid == 0) {
-        tma::prefetch_map(a_map);
+        if constexpr (!GATHER) tma::prefetch_map(a_map);
         tma::prefetch_map(b_map);
         tma::prefetch_map(out_map);
         for (int s = 0; s < STAGES; ++s) {
-            tma::mbar_init(full0 + 8 * s, 1);
+            tma::mbar_init(full0 + 8 * s, GATHER ? 1 + 128 : 1);
             tma::mbar_init(empty0 + 8 * s, CW * CM);
         }
         if constexpr (CK > 1)
@@ -585,9 +598,65 @@ __device__ __forceinline__ void grouped_gemm_tma(const tma::TensorMap& a_map, co
         }
     };
 
+    // B's k-tile kt of n-tile rows [brow0, brow0 + BN) into stage buffer sa: in a pair, this CTA's half into both
+    // CTAs (multicast), or in a tail item its own n-tile, whole, in the map's two boxes
+    auto load_b = [&](unsigned sa, unsigned full, int kt, int brow0, bool tail) {
+        if constexpr (CM > 1) {
+            if (!tail)
+                tma::load_2d_multicast(sa + A_BYTES + rank * (B_BYTES / CM), b_map, full, kt * BK,
+                                       brow0 + rank * (BN / CM), (1u << CM) - 1);
+            else
+                for (int h = 0; h < CM; ++h)
+                    tma::load_2d(sa + A_BYTES + h * (B_BYTES / CM), b_map, full, kt * BK, brow0 + h * (BN / CM));
+        } else {
+            tma::load_2d(sa + A_BYTES, b_map, full, kt * BK, brow0);
+        }
+    };
+
     if (wg == 0) {  // ---------------------------------------------------------------- producer
-        if constexpr (CW == 2) ws::regs_dec<40>();  // one consumer warpgroup has registers enough
-        if (warp == 0) {
+        // one consumer warpgroup has registers enough; the gathering producer keeps 8 rows' tokens
+        if constexpr (CW == 2) ws::regs_dec<GATHER ? 56 : 40>();
+        if constexpr (GATHER) {  // every producer thread: 8 chunks of A per stage (see GATHER above)
+            int it = 0, e, mp, n_tile;
+            bool tail;
+            for (int unit = blockIdx.x / CS;
+                 locate(item_tile(unit), e, mp, n_tile, tail);
+                 unit += gridDim.x / CS) {
+                trigger_if_last(unit);
+                const int row0 = group_lo(e) + (mp * CM + (tail ? 0 : mrank)) * BM;
+                const int brow0 = e * N + (n_tile + (tail ? rank : 0)) * BN;
+                // lane l of warp w copies chunk l % 8 of rows 32 w + 4 i + l / 8, i < 8: a warp reads four whole
+                // 128-byte row pieces per instruction (full sectors) and each 8-lane phase writes one row's 8
+                // chunks (no bank conflict); token -1: a row past the group (zeros, never stored)
+                const int ch = lane & 7, r_lo = 32 * warp + (lane >> 3);
+                const unsigned long long keep = mma::l2_evict_last_policy();  // x's rows: read by every n-tile
+                int tok[8];
+#pragma unroll
+                for (int i = 0; i < 8; ++i) {
+                    const int r = row0 + r_lo + 4 * i;
+                    tok[i] = r < group_hi(e) ? gindex[r] / gdiv : -1;
+                }
+                for (int kt = 0; kt < k_tiles; ++kt, ++it) {
+                    const int s = it % STAGES;
+                    const unsigned full = full0 + 8 * s, sa = smem0 + s * STAGE_BYTES;
+                    tma::mbar_wait(empty0 + 8 * s, ((it / STAGES) & 1) ^ 1);
+                    if (tid == 0) {
+                        tma::mbar_arrive_expect_tx(full, B_BYTES);
+                        load_b(sa, full, kt, brow0, tail);
+                    }
+                    const int col = kt * BK + 8 * ch;
+#pragma unroll
+                    for (int i = 0; i < 8; ++i) {
+                        const int r = r_lo + 4 * i;
+                        const bool in = tok[i] >= 0 && col < K;
+                        mma::cp_async_16_hint(sa + r * 128 + ((ch ^ (r & 7)) << 4),
+                                              in ? gx + (size_t)tok[i] * K + col : gx, in ? 16 : 0, keep);
+                    }
+                    mma::cp_async_arrive_noinc(full);  // arrives once this thread's copies are in
+                }
+            }
+            mma::cp_async_wait<0>();  // (the CTA's last copies land before the producer exits)
+        } else if (warp == 0) {
             int it = 0, e, mp, n_tile;
             bool tail;
             for (int unit = blockIdx.x / CS;
@@ -606,16 +675,7 @@ __device__ __forceinline__ void grouped_gemm_tma(const tma::TensorMap& a_map, co
                         tma::mbar_wait(empty0 + 8 * s, ((it / STAGES) & 1) ^ 1);
                         tma::mbar_arrive_expect_tx(full, STAGE_BYTES);
                         tma::load_2d(sa, a_map, full, kt * BK, row0);
-                        if constexpr (CM > 1) {
-                            if (!tail)  // this CTA's half of B, into both CTAs
-                                tma::load_2d_multicast(sa + A_BYTES + rank * (B_BYTES / CM), b_map, full, kt * BK,
-                                                       brow0 + rank * (BN / CM), (1u << CM) - 1);
-                            else  // its own n-tile, in the map's two boxes
-                                for (int h = 0; h < CM; ++h)
-                                    tma::load_2d(sa + A_BYTES + h * (B_BYTES / CM), b_map, full, kt * BK,
-                                                 brow0 + h * (BN / CM));
-                        } else
-                            tma::load_2d(sa + A_BYTES, b_map, full, kt * BK, brow0);
+                        load_b(sa, full, kt, brow0, tail);
                     }
                 }
                 __syncwarp();
@@ -623,7 +683,7 @@ __device__ __forceinline__ void grouped_gemm_tma(const tma::TensorMap& a_map, co
         }
     } else {
         // -------------------------------------------------------------------- consumers
-        if constexpr (CW == 2) ws::regs_inc<232>();
+        if constexpr (CW == 2) ws::regs_inc<GATHER ? 224 : 232>();
         const int g = wg - 1;            // which 64 rows of the tile
         const int tg = tid - 128 * wg;   // thread index in the warpgroup
         const unsigned ebuf = epi0 + g * EPI_BYTES;
@@ -648,6 +708,7 @@ __device__ __forceinline__ void grouped_gemm_tma(const tma::TensorMap& a_map, co
             for (int kt = kt_lo; kt < kt_hi; ++kt, ++it) {
                 const int s = it % STAGES;
                 tma::mbar_wait(full0 + 8 * s, (it / STAGES) & 1);
+                if constexpr (GATHER) wgmma::fence_proxy_async();  // A came through the generic proxy
                 const unsigned sa = smem0 + s * STAGE_BYTES + g * (64 * BK * 2), sb = smem0 + s * STAGE_BYTES + A_BYTES;
                 const unsigned long long da = wgmma::desc_k_major(sa), db = wgmma::desc_k_major(sb);
                 wgmma::fence();
@@ -877,6 +938,31 @@ moe_grouped_gemm_tma(const __grid_constant__ tma::TensorMap a_map, const __grid_
     grouped_gemm_tma<T, STAGES, EPI, 1, BN, 1, BM / 64>(a_map, b_map, out_map, out, offsets, row_scale, experts, N,
                                                          K, partial, splits, rows, rope_cos, rope_sin, rope_seq,
                                                          rope_cols);
+}
+
+// The MoE layer's up-projection with the token gather fused into A's loads (GATHER in grouped_gemm_tma): row r of
+// the groups is x[index[r] / divisor]; 128 x 256 tiles alone or in pairs (CM = 2). a's tensor map is not used.
+template <typename T, int STAGES, int EPI>
+__global__ void __launch_bounds__(384, 1)
+moe_grouped_gemm_tma_gather(const __grid_constant__ tma::TensorMap b_map,
+                            const __grid_constant__ tma::TensorMap out_map, T* __restrict__ out,
+                            const int* __restrict__ offsets, const float* __restrict__ row_scale, int experts, int N,
+                            int K, int rows, const T* __restrict__ x, const int* __restrict__ index, int divisor) {
+    grouped_gemm_tma<T, STAGES, EPI, 1, 256, 1, 2, true>(b_map, b_map, out_map, out, offsets, row_scale, experts, N,
+                                                         K, nullptr, 1, rows, nullptr, nullptr, 1, 0, x, index,
+                                                         divisor);
+}
+
+template <typename T, int STAGES, int EPI>
+__global__ void __launch_bounds__(384, 1) CLUSTER_OF(2)
+moe_grouped_gemm_tma_pair_gather(const __grid_constant__ tma::TensorMap b_map,
+                                 const __grid_constant__ tma::TensorMap out_map, T* __restrict__ out,
+                                 const int* __restrict__ offsets, const float* __restrict__ row_scale, int experts,
+                                 int N, int K, int rows, const T* __restrict__ x, const int* __restrict__ index,
+                                 int divisor) {
+    grouped_gemm_tma<T, STAGES, EPI, 2, 256, 1, 2, true>(b_map, b_map, out_map, out, offsets, row_scale, experts, N,
+                                                         K, nullptr, 1, rows, nullptr, nullptr, 1, 0, x, index,
+                                                         divisor);
 }
 
 template <typename T, int STAGES, int EPI>
