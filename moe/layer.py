@@ -4,7 +4,9 @@ weight as row scale) -> combine, all on the GPU with no host synchronisation (CU
 
 A forward is at most eight launches from one cached plan per (x's signature, weights): the router logits, routing,
 the permutation and every intermediate live in one workspace allocation; the output is the only other one. With
-decode-sized groups the up-projection gathers the token rows itself (no gather launch), and with fewer rows than
+decode-sized groups (skinny tiles) and on the 128 x 256 tma tiles of sm_90a (``grouped_gemm.TMA_GATHER``: the
+producer warpgroup copies the token rows into the pipeline) the up-projection gathers the token rows itself (no
+gather launch), and with fewer rows than
 experts both expert GEMMs run as one launch (``grouped_gemm.SkinnyFFN``): five launches; and with the router GEMM
 on a skinny tile too, the router GEMM, routing and permutation run in that launch (``grouped_gemm.SkinnyDecode``,
 the routing built in each CTA's shared memory): two launches, that one and the combine.
@@ -59,8 +61,8 @@ FUSED_DECODE = True
 class LayerCall:
     """A planned layer forward for one (x signature, weights): the kernels of every stage and the workspace layout.
     Intermediates (expert order, rows = tokens * top_k): logits fp32 [tokens, experts], the routing and dispatch
-    blocks, row weights fp32 [rows], xs [rows, hidden] (none when the groups are decode-sized: the up-projection's
-    skinny tiles read the token rows through the sorted slots), h [rows, intermediate], y [rows, hidden]."""
+    blocks, row weights fp32 [rows], xs [rows, hidden] (none when the up-projection's tiles read the token rows
+    through the sorted slots: skinny tiles, the tma 128 x 256 tile and pair), h [rows, intermediate], y [rows, hidden]."""
 
     def __init__(self, tokens: int, layer_shape: tuple, top_k: int, activation: str, dtype: np.dtype, frame):
         import cupy
