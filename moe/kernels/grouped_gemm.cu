@@ -50,6 +50,17 @@ template <int EPI> __device__ __forceinline__ float activate(float x) {
     else return x;
 }
 
+// A group of `count` rows in pairs (clusters of two along M, 256 rows): its last pair is cut into tail items
+// (pair_item) when it would hold at most 128 rows, ceil(n_tiles / 2) of them in place of n_tiles pairs.
+__device__ __forceinline__ bool pair_tail(int count) {
+    const int rem = count % 256;
+    return rem != 0 && rem <= 128;
+}
+// The work items of such a group: a pair per (m-pair, n-tile), less the tail's saving.
+__device__ __forceinline__ int pair_units(int count, int n_tiles) {
+    return (count + 255) / 256 * n_tiles - (pair_tail(count) ? n_tiles / 2 : 0);
+}
+
 // Which expert work item `tile` falls in, computed by one whole warp (every lane gets the answer): the expert e,
 // the tile's index inside the expert and the expert's m-tile count. The tiles are numbered expert by expert
 // (ceil(count_e / BM) * n_tiles for expert e); the warp scans 32 experts per step (shuffle prefix sum of the tile
@@ -58,17 +69,14 @@ template <int EPI> __device__ __forceinline__ float activate(float x) {
 template <int BM, bool TAIL = false>
 __device__ __forceinline__ bool scan_tile(int tile, const int* __restrict__ offsets, int experts, int n_tiles,
                                           int& e, int& local, int& m_tiles) {
+    static_assert(!TAIL || BM == 256, "tail items are the pairs'");
     const int lane = threadIdx.x & 31;
     int base = 0;
     for (int e0 = 0; e0 < experts; e0 += 32) {
         const int ex = e0 + lane;
         const int count = ex < experts ? offsets[ex + 1] - offsets[ex] : 0;
         const int mt = (count + BM - 1) / BM;
-        int t = mt * n_tiles;
-        if constexpr (TAIL) {
-            const int rem = count % BM;
-            if (rem != 0 && rem <= BM / 2) t -= n_tiles / 2;
-        }
+        const int t = TAIL ? pair_units(count, n_tiles) : mt * n_tiles;
         int incl = t;
 #pragma unroll
         for (int o = 1; o < 32; o <<= 1) {
@@ -112,11 +120,6 @@ __device__ __forceinline__ void pair_item(int local, int m_pairs, int n_tiles, b
         mp = m_pairs - 1;
         n_tile = 2 * (local - whole);
     }
-}
-
-__device__ __forceinline__ bool pair_tail(int count) {
-    const int rem = count % 256;
-    return rem != 0 && rem <= 128;
 }
 
 // scan_tile + pair_item for one warp (clusters of two along M).
@@ -559,7 +562,7 @@ __device__ __forceinline__ void grouped_gemm_tma(const tma::TensorMap& a_map, co
         e = 0;
         if constexpr (CM > 1) {
             tail = pair_tail(rows);
-            if (tile >= m_tiles * n_tiles - (tail ? n_tiles / 2 : 0)) return false;
+            if (tile >= pair_units(rows, n_tiles)) return false;
             pair_item(tile, m_tiles, n_tiles, tail, mp, n_tile);
             return true;
         }
