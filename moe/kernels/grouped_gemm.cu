@@ -658,9 +658,8 @@ __device__ __forceinline__ void grouped_gemm_tma(const tma::TensorMap& a_map, co
                     mma::cp_async_arrive_noinc(full);  // arrives once this thread's copies are in
                 }
             }
-            // (no-op: no cp.async group was committed; the consumers' waits on the full barriers cover the last
-            // copies. Left in as the GPU tests ran it, stop 54; to go at the next kernel edit with a GPU run.)
-            mma::cp_async_wait<0>();
+            // no cp.async.wait_group here: no group is committed (the copies arrive on the full barriers, which
+            // the consumers wait on)
         } else if (warp == 0) {
             int it = 0, e, mp, n_tile;
             bool tail;
