@@ -97,7 +97,7 @@ _CASES = [
     Case(name="ci_d256_window", batch=1, seq_q=333, heads=2, head_dim=256, window=(64, 32), tags=("ci",)),
     Case(name="ci_d128_segments", batch=2, seq_q=400, heads=4, kv_heads=1, head_dim=128, segments=3,
          tags=("ci",)),
-    # launch overhead (seed 004: < 50 us per call): the kernels take a few microseconds, the host the rest
+    # launch overhead (seed 004: < 50 us per kernel launch): the kernels take a few microseconds, the host the rest
     *(Case(name=f"overhead_d{d}{'_causal' if causal else ''}", batch=1, seq_q=128, heads=8, head_dim=d,
            causal=causal, tags=("overhead",)) for d in (64, 128) for causal in (False, True)),
     Case(name="overhead_d128_gqa_causal", batch=1, seq_q=128, heads=8, kv_heads=2, head_dim=128, causal=True,

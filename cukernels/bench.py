@@ -50,6 +50,7 @@ from typing import Any, Callable, Mapping, Sequence
 
 from . import checks as _checks
 from . import device as _device
+from . import launch as _launch
 from . import timing as _timing
 
 
@@ -112,6 +113,7 @@ class Result:
     as_called_ms: float | None = None  # wall time per call, back to back with one synchronisation at the end
     host_us: float | None = None  # host time per call
     host_us_held: bool | None = None  # False: the call waits for the device, and host_us includes the wait
+    launches: int | None = None  # kernel launches per call through the engine (launch.count_launches)
 
     @property
     def ok(self) -> bool:
@@ -222,6 +224,7 @@ class _Timed:
     as_called_ms: float | None = None
     host_us: float | None = None
     host_us_held: bool | None = None
+    launches: int | None = None
     error: Result | None = None
 
     @property
@@ -387,6 +390,7 @@ def _take_user_times(timed: _Timed, fn) -> None:
     """What a user gets, taken once per row: the time as called, the host µs per call, the peak memory."""
     timed.as_called_ms = _timing.as_called(fn)
     timed.host_us, timed.host_us_held = _timing.host_us(fn, per_call_ms=timed.as_called_ms)
+    timed.launches = _launch.count_launches(fn)
     timed.peak_memory_bytes = peak_memory(fn)
 
 
@@ -411,7 +415,7 @@ def _result(timed: _Timed, spec) -> Result:
                   round_medians_ms=list(t.round_medians_ms), round_noise=t.round_noise, checks=timed.checks,
                   clocks=t.clocks, throttled=t.throttled, peak_memory_bytes=timed.peak_memory_bytes,
                   plan=timed.plan, as_called_ms=timed.as_called_ms, host_us=timed.host_us,
-                  host_us_held=timed.host_us_held)
+                  host_us_held=timed.host_us_held, launches=timed.launches)
 
 
 def _rank(results: list[Result]) -> None:

@@ -141,6 +141,29 @@ class Launcher:
 
 _add = operator.add
 
+
+def count_launches(fn: Callable[[], Any]) -> int:
+    """Kernel launches one call of ``fn`` makes through the engine (``Launcher.launch``, ``compile.Kernel.launch``),
+    counted by wrapping both for that call only: the hot path carries no counter. Single-threaded use (the bench);
+    launches made by other libraries (CuPy's own kernels, torch) are not counted."""
+    from . import compile as _compile
+
+    count = [0]
+    saved = Launcher.launch, _compile.Kernel.launch
+
+    def counted(original):
+        def launch(self, *args, **kwargs):
+            count[0] += 1
+            return original(self, *args, **kwargs)
+        return launch
+
+    Launcher.launch, _compile.Kernel.launch = counted(saved[0]), counted(saved[1])
+    try:
+        fn()
+    finally:
+        Launcher.launch, _compile.Kernel.launch = saved
+    return count[0]
+
 # ---------------------------------------------------------------- programmatic dependent launch
 #
 # A kernel launched with CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION may start while the kernel before it

@@ -132,15 +132,19 @@ def plausibility(expected_ms: float, *, flops: float, bytes_moved: float, spec: 
 
 
 def launch_overhead(results, table: Table | None) -> dict | None:
-    """Seed 004's "average kernel launch overhead < 50 µs", graded from the run: the mean host µs per call
-    (``Result.host_us``) over every passing row of our implementations (not the baselines). Run on an ``overhead``
-    suite, whose problems are tiny, the host cost is all a call costs; on other suites it is the same cost beside
-    larger kernels. None when no such row was measured; no verdict without an expected table."""
+    """Seed 004's "average kernel launch overhead < 50 µs", graded from the run: the host time our calls spend per
+    kernel they launch, i.e. the host µs per call (``Result.host_us``) summed over every passing row of our
+    implementations (not the baselines) over the kernels those calls launch (``Result.launches``; a row without a
+    count counts as one launch), beside the mean host µs per call. Run on an ``overhead`` suite, whose problems
+    are tiny, the host cost is all a call costs; on other suites it is the same cost beside larger kernels. None
+    when no such row was measured; no verdict without an expected table."""
     ours = [r for r in results if r.ok and not r.baseline and r.host_us is not None]
     if not ours:
         return None
     target = table.doc.get("utilisation", {}).get("kernel_launch_overhead_target_us") if table else None
-    measured = sum(r.host_us for r in ours) / len(ours)
-    return {"measured_us": measured, "target_us": target, "rows": len(ours),
-            "impls": sorted({r.impl for r in ours}), "unheld_rows": sum(r.host_us_held is False for r in ours),
+    launches = sum(max(r.launches or 0, 1) for r in ours)
+    measured = sum(r.host_us for r in ours) / launches
+    return {"measured_us": measured, "per_call_us": sum(r.host_us for r in ours) / len(ours), "launches": launches,
+            "target_us": target, "rows": len(ours), "impls": sorted({r.impl for r in ours}),
+            "uncounted_rows": sum(not r.launches for r in ours), "unheld_rows": sum(r.host_us_held is False for r in ours),
             "verdict": "" if target is None else "PASS" if measured < target else "FAIL"}

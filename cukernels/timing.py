@@ -230,27 +230,38 @@ def host_us(fn: Callable[[], object], *, per_call_ms: float, calls: int = HOST_C
             repeats: int = 5) -> tuple[float, bool]:
     """Host time per call (µs) of a warm ``fn`` and whether it was taken held. The calls are enqueued while the
     holding kernel keeps the stream, timed from before the first to after the last, then released: the device
-    never stalls the host, so this is the Python and launch cost alone. ``per_call_ms`` bounds one call's host time
-    (the as-called time does) and shortens the burst to stay well inside the hold's timeout. A call that waits for
-    the device trips the timeout instead; it is then timed without the hold and ``False`` says the figure includes
+    never stalls the host, so this is the Python and launch cost alone. The burst is ``calls`` long, shortened to
+    stay well inside the hold's timeout by a bound on one call's host time: the smaller of ``per_call_ms`` (the
+    as-called time, which includes it) and one probe call's host time behind the hold (a call whose device work
+    takes milliseconds costs its host microseconds: its bursts are as long as a small call's, and its first call
+    after a synchronisation, slower than the rest, does not make the whole figure). A call that waits for the
+    device trips the timeout instead; it is then timed without the hold and ``False`` says the figure includes
     that wait. The median of ``repeats`` bursts."""
     import cupy
 
     dev_id = cupy.cuda.Device().id
     _, state = _hold_state(dev_id)
-    calls = max(1, min(calls, int(_HOLD_TIMEOUT_NS / 1e6 / _HOLD_SHARE / max(per_call_ms, 1e-6))))
-    held, samples = True, []
-    while len(samples) < repeats:
+
+    def burst(n: int, held: bool) -> tuple[float, bool]:  # (seconds, whether the hold timed out)
         state[1] = 0
         release = _hold(dev_id) if held else None
         t0 = time.perf_counter()
-        for _ in range(calls):
+        for _ in range(n):
             fn()
         elapsed = time.perf_counter() - t0
         if release is not None:
             release()
         cupy.cuda.Device().synchronize()
-        if held and state[1]:  # the hold timed out: fn waits for the device; this burst stalled on it
+        return elapsed, bool(held and state[1])
+
+    probe_s, tripped = burst(1, True)  # tripped: the hold timed out, fn waits for the device
+    held = not tripped
+    bound_ms = min(per_call_ms, probe_s * 1e3) if held else per_call_ms
+    calls = max(1, min(calls, int(_HOLD_TIMEOUT_NS / 1e6 / _HOLD_SHARE / max(bound_ms, 1e-6))))
+    samples = []
+    while len(samples) < repeats:
+        elapsed, stalled = burst(calls, held)
+        if stalled:  # a later burst stalled on the device after all
             held = False
             continue
         samples.append(elapsed * 1e6 / calls)

@@ -92,7 +92,7 @@ SHAPES: tuple[MoEShape | GemmShape, ...] = (
     MoEShape(name="ci_T4096_E256_top8", tokens=4096, experts=256, top_k=8, hidden=1024, tags=("ci",)),
     *(_decode(t, "E64top8", 64, 8, 2048, 1408) for t in DECODE_TOKENS),
     *(_decode(t, "seed004", 32, 2, 4096, 11008) for t in DECODE_TOKENS),
-    # launch overhead (seed 004: < 50 us per call): every piece and the layer, on problems the kernels finish at once
+    # launch overhead (seed 004: < 50 us per kernel launch): every piece and the layer, on problems the kernels finish at once
     MoEShape(name="overhead_T16_E8_top2", tokens=16, experts=8, top_k=2, hidden=256, intermediate=512,
              route_alone=True, tags=("overhead",)),
     *_dense(),

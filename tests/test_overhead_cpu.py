@@ -53,22 +53,31 @@ def _call(gpu, host_s, *, syncs=False):
 def test_host_us_times_the_enqueue_behind_the_hold(gpu):
     us, held = timing.host_us(_call(gpu, 40e-6), per_call_ms=0.05)
     assert held and us == pytest.approx(40.0)
+    probe = ["hold", "call", "release", "sync"]
     burst = ["hold"] + ["call"] * timing.HOST_CALLS + ["release", "sync"]
-    assert gpu.log == burst * 5  # released and synchronised after each burst, never during it
+    assert gpu.log == probe + burst * 5  # released and synchronised after each burst, never during it
 
 
 def test_host_us_shortens_the_burst_of_a_slow_call(gpu):
     timing.host_us(_call(gpu, 1e-3), per_call_ms=1.0, repeats=1)  # 5 ms: a quarter of the hold's timeout
-    assert gpu.log.count("call") == 5
+    assert gpu.log.count("call") == 1 + 5  # the probe, then the burst
     gpu.log.clear()
     timing.host_us(_call(gpu, 30e-3), per_call_ms=30.0, repeats=1)
-    assert gpu.log.count("call") == 1
+    assert gpu.log.count("call") == 1 + 1
+
+
+def test_host_us_bursts_a_long_device_call_by_its_host_time(gpu):
+    """A call whose device work takes 30 ms (its as-called time) but whose host part takes 40 us is timed in
+    bursts of HOST_CALLS like a small call, not one call per burst (the probe call bounds its host time)."""
+    us, held = timing.host_us(_call(gpu, 40e-6), per_call_ms=30.0, repeats=1)
+    assert held and us == pytest.approx(40.0)
+    assert gpu.log.count("call") == 1 + timing.HOST_CALLS
 
 
 def test_host_us_of_a_call_that_waits_for_the_device_is_taken_unheld_and_says_so(gpu):
     us, held = timing.host_us(_call(gpu, 500e-6, syncs=True), per_call_ms=0.6)
-    assert held is False and us == pytest.approx(500.0)  # not the stalled burst behind the hold
-    assert gpu.log.count("hold") == 1 and gpu.log.count("sync") == 6  # one burst timed out, five unheld
+    assert held is False and us == pytest.approx(500.0)  # not the stalled probe behind the hold
+    assert gpu.log.count("hold") == 1 and gpu.log.count("sync") == 6  # the probe timed out, five bursts unheld
 
 
 def test_as_called_is_back_to_back_calls_with_one_synchronisation(gpu):
@@ -110,21 +119,53 @@ def test_bench_run_records_the_as_called_time_and_host_us_of_every_row(gpu, monk
     assert ours.host_us == pytest.approx(20.0) and ours.host_us_held
     assert torch.host_us == pytest.approx(60.0) and torch.host_us_held is False
     assert ours.as_called_ms == pytest.approx(0.02) and torch.as_called_ms == pytest.approx(0.06)
+    assert ours.launches == 0  # the faked call launches nothing through the engine
     doc = json.loads(report.to_json(results, {}))
-    assert {"as_called_ms", "host_us", "host_us_held"} <= set(doc["results"][0])
+    assert {"as_called_ms", "host_us", "host_us_held", "launches"} <= set(doc["results"][0])
     table = report.table(results)
     assert "as called ms" in table and "host µs" in table and "60.0 syncs" in table
 
 
-def test_launch_overhead_is_the_mean_host_us_of_our_passing_rows():
+def test_count_launches_counts_one_calls_engine_launches_and_puts_the_methods_back(monkeypatch):
+    from cukernels import compile as ccompile
+    from cukernels import launch
+
+    made = []
+    monkeypatch.setattr(launch.Launcher, "launch", lambda self, stream, ptrs: made.append("launcher"))
+    monkeypatch.setattr(ccompile.Kernel, "launch", lambda self, grid, block, args, **kw: made.append("kernel"))
+    stubs = launch.Launcher.launch, ccompile.Kernel.launch
+
+    def call():  # two cached launches and a one-off
+        launch.Launcher.launch(None, 0, ())
+        launch.Launcher.launch(None, 0, ())
+        ccompile.Kernel.launch(None, (1,), (1,), ())
+
+    assert launch.count_launches(call) == 3 and made == ["launcher", "launcher", "kernel"]
+    assert (launch.Launcher.launch, ccompile.Kernel.launch) == stubs  # unwrapped after the call
+
+    def fails():
+        launch.Launcher.launch(None, 0, ())
+        raise RuntimeError("boom")
+
+    with pytest.raises(RuntimeError, match="boom"):
+        launch.count_launches(fails)
+    assert (launch.Launcher.launch, ccompile.Kernel.launch) == stubs  # also after a call that raised
+
+
+def test_launch_overhead_is_our_passing_rows_host_us_per_kernel_launched():
     h100 = score.select_table(None, "h100_sxm")
-    results = [_result(host_us=30.0), _result(case="d", host_us=50.0),
+    results = [_result(host_us=30.0, launches=1), _result(case="d", host_us=90.0, launches=5),
                _result(impl="torch", baseline=True, host_us=900.0),  # baselines do not count
-               _result(case="e", status="failed-check", host_us=900.0)]  # nor rows that failed
+               _result(case="e", status="failed-check", host_us=900.0, launches=1)]  # nor rows that failed
     lo = score.launch_overhead(results, h100)
-    assert lo == {"measured_us": 40.0, "target_us": 50, "rows": 2, "impls": ["ours"], "unheld_rows": 0,
-                  "verdict": "PASS"}
-    assert "40.0 µs" in report.launch_overhead_line(lo) and "target < 50 µs: PASS" in report.launch_overhead_line(lo)
+    assert lo == {"measured_us": 20.0, "per_call_us": 60.0, "launches": 6, "target_us": 50, "rows": 2,
+                  "impls": ["ours"], "uncounted_rows": 0, "unheld_rows": 0, "verdict": "PASS"}
+    line = report.launch_overhead_line(lo)
+    assert "20.0 µs per kernel launch" in line and "6 kernels" in line and "60.0 µs per call" in line
+    assert "target < 50 µs: PASS" in line
+    uncounted = score.launch_overhead([_result(host_us=30.0), _result(case="d", host_us=90.0, launches=2)], h100)
+    assert uncounted["measured_us"] == 40.0 and uncounted["uncounted_rows"] == 1  # a row without a count: one launch
+    assert "1 rows without a launch count" in report.launch_overhead_line(uncounted)
     slow = score.launch_overhead([_result(host_us=80.0, host_us_held=False)], h100)
     assert slow["verdict"] == "FAIL" and "1 rows wait for the device" in report.launch_overhead_line(slow)
     assert score.launch_overhead(results, None)["verdict"] == ""
