@@ -395,6 +395,10 @@ def plan(problem: GemmProblem, spec: DeviceSpec) -> tiling.Plan:
 # vs 306 for 128x128x64; 16 rows, skinny (32-row passes) 2.22 ms vs 2.09).
 SKINNY_MAX_ROWS = 8
 SKINNY_MIN_CHUNKS = 4  # k-chunks of 32 per warp: a K split stops before a warp's share falls below 128
+# A skinny item's weight bytes (block_n rows x K x 2) at most this (0: no bound): a CTA streams an item in ~100+ us
+# at these sizes (two CTAs per SM), so items of 2-5.5 MB leave a tail of a few unlucky CTAs' last items (H100,
+# docs/perf/grouped_gemm.md v4.7: seed 004 decode T4 -6.7 %, T16 -1.5 %, T64 -1.1 %; other rows' plans unchanged)
+SKINNY_MAX_ITEM_BYTES = 3 << 19  # 1.5 MiB
 SKINNY = tuple(GemmConfig(kind="skinny", block_m=bm, block_n=per_warp * (8 // ks), block_k=32, warps_m=1,
                           warps_n=8 // ks, stages=4, split_k=ks)
                for bm in (8, 16) for ks in (1, 2, 4, 8) for per_warp in (32, 16))
@@ -402,25 +406,28 @@ SKINNY = tuple(GemmConfig(kind="skinny", block_m=bm, block_n=per_warp * (8 // ks
 
 def skinny_config(problem: GemmProblem, spec: DeviceSpec) -> tuple[GemmConfig, str]:
     """The skinny tile for ``problem``: block_m about twice the average group (8 or 16 rows, so most groups take one
-    pass), then the widest CTA (32 weight rows per warp, no K split) that still gives ~4 CTAs per SM over the
-    groups that can be non-empty; failing that, the split giving the most CTAs."""
+    pass), then the widest CTA (32 weight rows per warp, no K split) whose items stream at most
+    ``SKINNY_MAX_ITEM_BYTES`` and that still gives ~4 CTAs per SM over the groups that can be non-empty; failing
+    that, the split giving the most CTAs."""
     groups = max(1, min(problem.experts, problem.rows))
     avg = problem.rows / groups
     block_m = 8 if avg <= 4 else 16
     chunks = -(-problem.k // 32)
     target = 4 * spec.sm_count
-    best = None
+    tiles = []  # widest first: 32 then 16 rows per warp at each split
     for split_k in (1, 2, 4, 8):
         if split_k > 1 and chunks // split_k < SKINNY_MIN_CHUNKS:
             break
-        for per_warp in (32, 16):
-            cfg = next(c for c in SKINNY if (c.block_m, c.split_k, c.block_n // c.warps_n) ==
-                       (block_m, split_k, per_warp))
-            ctas = cfg.grid(problem)
-            if best is None or ctas > best[1]:
-                best = (cfg, ctas)
-            if ctas >= target:
-                return cfg, f"~{avg:.1f} rows per group over {groups} groups: {ctas} CTAs >= {target}"
+        tiles += [next(c for c in SKINNY if (c.block_m, c.split_k, c.block_n // c.warps_n) ==
+                       (block_m, split_k, per_warp)) for per_warp in (32, 16)]
+    small = [c for c in tiles if not SKINNY_MAX_ITEM_BYTES or c.block_n * problem.k * 2 <= SKINNY_MAX_ITEM_BYTES]
+    best = None
+    for cfg in small or tiles:  # no tile small enough (a very long K): the bound is dropped
+        ctas = cfg.grid(problem)
+        if best is None or ctas > best[1]:
+            best = (cfg, ctas)
+        if ctas >= target:
+            return cfg, f"~{avg:.1f} rows per group over {groups} groups: {ctas} CTAs >= {target}"
     cfg, ctas = best
     return cfg, f"~{avg:.1f} rows per group over {groups} groups: {ctas} CTAs, the most a split gives"
 

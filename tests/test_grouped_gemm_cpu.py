@@ -150,6 +150,26 @@ def test_decode_sized_groups_take_skinny_tiles():
         gemm_configs.GemmConfig(block_m=128, block_n=128, block_k=64, warps_m=2, warps_n=4, stages=3, split_k=2)
 
 
+def test_skinny_items_stream_at_most_the_item_bound():
+    """seed 004's decode GEMMs (K 4,096 up, 11,008 down) get items of at most SKINNY_MAX_ITEM_BYTES where the widest
+    tile would stream 2-5.5 MB per item; a K too long for any tile drops the bound instead of failing."""
+    spec = device.profile("h100")
+    G = gemm_configs.GemmProblem
+    cap = gemm_configs.SKINNY_MAX_ITEM_BYTES
+    assert cap == 3 << 19
+    for tokens in (4, 16, 64):
+        up = gemm_configs.plan(G(rows=2 * tokens, n=22016, k=4096, experts=32, dtype="bf16", epilogue="swiglu"),
+                               spec).config
+        down = gemm_configs.plan(G(rows=2 * tokens, n=4096, k=11008, experts=32, dtype="bf16"), spec).config
+        assert up.kind == down.kind == "skinny"
+        assert up.block_n * 4096 * 2 <= cap and down.block_n * 11008 * 2 <= cap, (tokens, up, down)
+    assert (up.block_n, up.split_k, down.block_n, down.split_k) == (128, 1, 64, 2)
+    e64 = gemm_configs.plan(G(rows=128, n=2816, k=2048, experts=64, dtype="bf16", epilogue="swiglu"), spec).config
+    assert (e64.block_n, e64.split_k) == (256, 1)  # 1 MiB items: within the bound, the widest tile as before
+    huge = gemm_configs.plan(G(rows=8, n=256, k=200_000, experts=4, dtype="bf16"), spec).config
+    assert huge.kind == "skinny" and huge.block_n * 200_000 * 2 > cap
+
+
 @pytest.mark.slow
 def test_tma_pair_compiles_without_spills():
     """The clustered tile (planned on long groups, gemm_configs.as_pair) builds clean."""
