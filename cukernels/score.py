@@ -146,5 +146,6 @@ def launch_overhead(results, table: Table | None) -> dict | None:
     measured = sum(r.host_us for r in ours) / launches
     return {"measured_us": measured, "per_call_us": sum(r.host_us for r in ours) / len(ours), "launches": launches,
             "target_us": target, "rows": len(ours), "impls": sorted({r.impl for r in ours}),
-            "uncounted_rows": sum(not r.launches for r in ours), "unheld_rows": sum(r.host_us_held is False for r in ours),
+            "uncounted_rows": sum(not r.launches for r in ours),
+            "unheld_rows": sum(r.host_us_held is False for r in ours),
             "verdict": "" if target is None else "PASS" if measured < target else "FAIL"}

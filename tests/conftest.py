@@ -38,3 +38,9 @@ def sass_tool():
 def fwd_timeline_tool():
     """tools/fwd_timeline.py: summarize() of the forward's per-CTA stamps."""
     return _tool("fwd_timeline")
+
+
+@pytest.fixture(scope="session")
+def layer_ab_tool():
+    """tools/layer_ab.py: parse_variant(), parse_case()."""
+    return _tool("layer_ab")

@@ -243,3 +243,18 @@ def test_every_variant_compiles_offline_without_spills(arch):
                 assert r.static_smem_bytes <= spec.smem_per_block_optin
                 assert r.static_smem_bytes == plan.config.smem_bytes(), f"{expr}: config's smem_bytes() is off"
                 assert r.registers * plan.config.threads <= spec.regs_per_block, f"{expr} on {spec.key}"
+
+
+def test_layer_ab_parses_variants_and_cases(layer_ab_tool):
+    """tools/layer_ab.py: a variant names module attributes and Python-literal values; bad forms are refused."""
+    name, sets = layer_ab_tool.parse_variant(
+        "cap:moe.gemm_configs.SKINNY_MAX_ITEM_BYTES=1048576,moe.layer.FUSED_DECODE=False")
+    assert name == "cap" and sets == [("moe.gemm_configs", "SKINNY_MAX_ITEM_BYTES", 1048576),
+                                      ("moe.layer", "FUSED_DECODE", False)]
+    assert layer_ab_tool.parse_variant("base") == ("base", [])
+    assert layer_ab_tool.parse_case("seed004:4") == ("seed004", 4)
+    for bad in ("x:FLAG=1", "x:moe.layer.FUSED_DECODE"):
+        with pytest.raises(SystemExit, match="--variant"):
+            layer_ab_tool.parse_variant(bad)
+    with pytest.raises(SystemExit, match="--case"):
+        layer_ab_tool.parse_case("llama:4")
