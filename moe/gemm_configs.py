@@ -399,6 +399,10 @@ SKINNY_MIN_CHUNKS = 4  # k-chunks of 32 per warp: a K split stops before a warp'
 # at these sizes (two CTAs per SM), so items of 2-5.5 MB leave a tail of a few unlucky CTAs' last items (H100,
 # docs/perf/grouped_gemm.md v4.7: seed 004 decode T4 -6.7 %, T16 -1.5 %, T64 -1.1 %; other rows' plans unchanged)
 SKINNY_MAX_ITEM_BYTES = 3 << 19  # 1.5 MiB
+# Items per SM a skinny tile without a K split is chosen to reach first (0: off): two CTAs share an SM, so 8 is ~4
+# items per CTA, which balances the persistent grid's tail without the partial sums a K split adds (H100,
+# docs/perf/grouped_gemm.md v4.8); tiles that cannot reach it fall back to the rule below (4 CTAs per SM, splits)
+SKINNY_UNSPLIT_ITEMS_PER_SM = 8
 SKINNY = tuple(GemmConfig(kind="skinny", block_m=bm, block_n=per_warp * (8 // ks), block_k=32, warps_m=1,
                           warps_n=8 // ks, stages=4, split_k=ks)
                for bm in (8, 16) for ks in (1, 2, 4, 8) for per_warp in (32, 16))
@@ -406,9 +410,10 @@ SKINNY = tuple(GemmConfig(kind="skinny", block_m=bm, block_n=per_warp * (8 // ks
 
 def skinny_config(problem: GemmProblem, spec: DeviceSpec) -> tuple[GemmConfig, str]:
     """The skinny tile for ``problem``: block_m about twice the average group (8 or 16 rows, so most groups take one
-    pass), then the widest CTA (32 weight rows per warp, no K split) whose items stream at most
-    ``SKINNY_MAX_ITEM_BYTES`` and that still gives ~4 CTAs per SM over the groups that can be non-empty; failing
-    that, the split giving the most CTAs."""
+    pass), then among the tiles whose items stream at most ``SKINNY_MAX_ITEM_BYTES``: the widest without a K split
+    that gives ``SKINNY_UNSPLIT_ITEMS_PER_SM`` items per SM over the groups that can be non-empty; else the widest
+    CTA (32 weight rows per warp, no K split first) that gives ~4 CTAs per SM; failing that, the split giving the
+    most CTAs."""
     groups = max(1, min(problem.experts, problem.rows))
     avg = problem.rows / groups
     block_m = 8 if avg <= 4 else 16
@@ -421,6 +426,11 @@ def skinny_config(problem: GemmProblem, spec: DeviceSpec) -> tuple[GemmConfig, s
         tiles += [next(c for c in SKINNY if (c.block_m, c.split_k, c.block_n // c.warps_n) ==
                        (block_m, split_k, per_warp)) for per_warp in (32, 16)]
     small = [c for c in tiles if not SKINNY_MAX_ITEM_BYTES or c.block_n * problem.k * 2 <= SKINNY_MAX_ITEM_BYTES]
+    if SKINNY_UNSPLIT_ITEMS_PER_SM:
+        for cfg in (small or tiles):
+            if cfg.split_k == 1 and cfg.grid(problem) >= SKINNY_UNSPLIT_ITEMS_PER_SM * spec.sm_count:
+                return cfg, (f"~{avg:.1f} rows per group over {groups} groups: {cfg.grid(problem)} items >= "
+                             f"{SKINNY_UNSPLIT_ITEMS_PER_SM} per SM without a K split")
     best = None
     for cfg in small or tiles:  # no tile small enough (a very long K): the bound is dropped
         ctas = cfg.grid(problem)

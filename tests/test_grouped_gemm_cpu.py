@@ -150,7 +150,7 @@ def test_decode_sized_groups_take_skinny_tiles():
         gemm_configs.GemmConfig(block_m=128, block_n=128, block_k=64, warps_m=2, warps_n=4, stages=3, split_k=2)
 
 
-def test_skinny_items_stream_at_most_the_item_bound():
+def test_skinny_items_stream_at_most_the_item_bound(monkeypatch):
     """seed 004's decode GEMMs (K 4,096 up, 11,008 down) get items of at most SKINNY_MAX_ITEM_BYTES where the widest
     tile would stream 2-5.5 MB per item; a K too long for any tile drops the bound instead of failing."""
     spec = device.profile("h100")
@@ -164,10 +164,26 @@ def test_skinny_items_stream_at_most_the_item_bound():
         assert up.kind == down.kind == "skinny"
         assert up.block_n * 4096 * 2 <= cap and down.block_n * 11008 * 2 <= cap, (tokens, up, down)
     assert (up.block_n, up.split_k, down.block_n, down.split_k) == (128, 1, 64, 2)
+    monkeypatch.setattr(gemm_configs, "SKINNY_UNSPLIT_ITEMS_PER_SM", 0)  # the bound alone
     e64 = gemm_configs.plan(G(rows=128, n=2816, k=2048, experts=64, dtype="bf16", epilogue="swiglu"), spec).config
-    assert (e64.block_n, e64.split_k) == (256, 1)  # 1 MiB items: within the bound, the widest tile as before
+    assert (e64.block_n, e64.split_k) == (256, 1)  # 1 MiB items: within the bound, the widest tile
     huge = gemm_configs.plan(G(rows=8, n=256, k=200_000, experts=4, dtype="bf16"), spec).config
     assert huge.kind == "skinny" and huge.block_n * 200_000 * 2 > cap
+
+
+def test_skinny_tiles_without_a_k_split_take_finer_items_first():
+    """E64 top-8's T16 / T64 up-projections (64 experts, K 2,048) take 128-row items (~4 per CTA) instead of 256-row
+    ones; where no unsplit tile reaches SKINNY_UNSPLIT_ITEMS_PER_SM per SM (E64 T4, T1) the plan is the split
+    rule's, as before."""
+    spec = device.profile("h100")
+    G = gemm_configs.GemmProblem
+    assert gemm_configs.SKINNY_UNSPLIT_ITEMS_PER_SM == 8
+    tiles = {}
+    for tokens in (1, 4, 16, 64):
+        up = gemm_configs.plan(G(rows=8 * tokens, n=2816, k=2048, experts=64, dtype="bf16", epilogue="swiglu"),
+                               spec).config
+        tiles[tokens] = (up.block_m, up.block_n, up.split_k)
+    assert tiles == {1: (8, 32, 4), 4: (8, 128, 1), 16: (8, 128, 1), 64: (16, 128, 1)}
 
 
 @pytest.mark.slow
