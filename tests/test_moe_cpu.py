@@ -258,3 +258,27 @@ def test_layer_ab_parses_variants_and_cases(layer_ab_tool):
             layer_ab_tool.parse_variant(bad)
     with pytest.raises(SystemExit, match="--case"):
         layer_ab_tool.parse_case("llama:4")
+
+
+def test_layer_ab_forces_expert_gemm_tiles(layer_ab_tool):
+    """tools/layer_ab.py: ``up=`` / ``down=`` name skinny tiles; the forcing planner returns them for the expert
+    GEMMs only (the router's one-group fp32 GEMM is planned as before)."""
+    from cukernels import device
+    from moe import gemm_configs
+
+    name, sets = layer_ab_tool.parse_variant("t:up=8/16/2,down=16/32/1")
+    assert sets == [("tile", "up", (8, 16, 2)), ("tile", "down", (16, 32, 1))]
+    with pytest.raises(SystemExit, match="BLOCK_M/ROWS_PER_WARP/SPLIT_K"):
+        layer_ab_tool.parse_variant("t:up=8/16")
+    with pytest.raises(SystemExit, match="no skinny tile"):
+        layer_ab_tool.skinny_tile((8, 64, 1))
+    up = layer_ab_tool.skinny_tile((8, 16, 2))
+    assert (up.block_m, up.block_n // up.warps_n, up.split_k) == (8, 16, 2)
+    plan = layer_ab_tool.forcing_planner(gemm_configs.plan, {"up": up})
+    spec = device.profile("h100")
+    G = gemm_configs.GemmProblem
+    assert plan(G(rows=8, n=2816, k=2048, experts=64, dtype="bf16", epilogue="swiglu"), spec).config == up
+    down = G(rows=8, n=2048, k=1408, experts=64, dtype="bf16")
+    assert plan(down, spec).config == gemm_configs.plan(down, spec).config
+    router = G(rows=1, n=64, k=2048, experts=1, dtype="bf16", out_dtype="fp32")
+    assert plan(router, spec).config == gemm_configs.plan(router, spec).config

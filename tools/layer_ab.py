@@ -2,17 +2,19 @@
 
     python tools/layer_ab.py --case seed004:4 --case E64top8:1 \\
         --variant base --variant cap1m:moe.gemm_configs.SKINNY_MAX_ITEM_BYTES=1048576 [--rounds 5] [--json PATH]
+    python tools/layer_ab.py --case E64top8:1 --variant base --variant up64:up=8/16/2,down=8/16/8
 
 A variant is ``NAME[:module.attr=value[,module.attr=value...]]`` (values are Python literals; the first variant is
-the reference, usually the tree's plan with no assignment). Each case builds one layer per variant (the
-assignments applied, the planner's and the layer's caches cleared), records its plan (the expert GEMMs' tiles,
-whether the layer runs as one decode launch), compares its output with the reference variant's (rel L2 and
-bitwise) and over two calls (bitwise), then times every variant in ``--rounds`` rounds, the order rotated each
-round: triton's do_bench (L2 flushed) and the engine's held timer of the layer's cached call, and after the last
-round the time as called (200 back-to-back public calls, one synchronisation). Weights and tokens come from fixed
-seeds, so every variant of a case routes the same slots to the same experts (the bytes a decode layer streams
-depend on that: compare variants within a run, not across scripts). Needs a GPU and triton. Every attribute is
-put back at the end.
+the reference, usually the tree's plan with no assignment); ``up=BM/PW/KS`` / ``down=BM/PW/KS`` force the expert
+GEMMs' skinny tiles (block_m, weight rows per warp, K split; the fused decode kernels take them too). Each case
+builds one layer per variant (the assignments applied, the planner's and the layer's caches cleared), records its
+plan (the expert GEMMs' tiles, whether the layer runs as one decode launch), compares its output with the reference
+variant's (rel L2 and bitwise) and over two calls (bitwise), then times every variant in ``--rounds`` rounds, the
+order rotated each round: triton's do_bench (L2 flushed) and the engine's held timer of the layer's cached call, and
+after the last round the time as called (200 back-to-back public calls, one synchronisation). Weights and tokens
+come from fixed seeds, so every variant of a case routes the same slots to the same experts (the bytes a decode
+layer streams depend on that: compare variants within a run, not across scripts). Needs a GPU and triton. Every
+attribute is put back at the end.
 """
 from __future__ import annotations
 
@@ -32,16 +34,50 @@ SHAPES = {"E64top8": (64, 8, 2048, 1408), "seed004": (32, 2, 4096, 11008)}  # ex
 
 
 def parse_variant(text: str) -> tuple[str, list[tuple[str, str, object]]]:
-    """``NAME[:module.attr=value,...]`` -> (name, [(module, attr, value)])."""
+    """``NAME[:module.attr=value,...]`` -> (name, [(module, attr, value)]); ``up=BM/PW/KS`` or ``down=BM/PW/KS``
+    forces that expert GEMM's skinny tile (block_m, weight rows per warp, K split) as ("tile", "up" | "down",
+    (BM, PW, KS))."""
     name, _, body = text.partition(":")
     sets = []
     for item in filter(None, body.split(",")):
-        target, eq, value = item.partition("=")
-        module, dot, attr = target.strip().rpartition(".")
+        target, eq, value = (part.strip() for part in item.partition("="))
+        if eq and target in ("up", "down"):
+            parts = value.split("/")
+            if len(parts) != 3 or not all(p.isdigit() for p in parts):
+                raise SystemExit(f"--variant {text!r}: a forced tile is {target}=BLOCK_M/ROWS_PER_WARP/SPLIT_K, "
+                                 f"got {item!r}")
+            sets.append(("tile", target, tuple(int(p) for p in parts)))
+            continue
+        module, dot, attr = target.rpartition(".")
         if not (eq and dot and module and attr):
             raise SystemExit(f"--variant {text!r}: expected NAME[:module.attr=value,...], got {item!r}")
-        sets.append((module, attr, ast.literal_eval(value.strip())))
+        sets.append((module, attr, ast.literal_eval(value)))
     return name, sets
+
+
+def skinny_tile(spec: tuple[int, int, int]):
+    """The skinny tile (block_m, weight rows per warp, split_k) of ``moe.gemm_configs.SKINNY``."""
+    from moe import gemm_configs
+
+    for c in gemm_configs.SKINNY:
+        if (c.block_m, c.block_n // c.warps_n, c.split_k) == spec:
+            return c
+    raise SystemExit(f"no skinny tile {spec} (block_m 8 or 16, 16 or 32 rows per warp, split 1, 2, 4 or 8)")
+
+
+def forcing_planner(real_plan, forced: dict):
+    """``moe.gemm_configs.plan`` with the expert GEMMs' tiles forced: ``forced`` maps "up" (the GEMM with an
+    epilogue) and / or "down" to a config; the router's one-group GEMM is planned as before."""
+    from cukernels import tiling
+
+    def plan(problem, spec):
+        p = real_plan(problem, spec)
+        kind = "up" if problem.epilogue is not None else "down"
+        if problem.experts > 1 and problem.out_dtype is None and kind in forced:
+            c = forced[kind]
+            return tiling.Plan(config=c, smem_bytes=c.smem_bytes(), limit=p.limit, reason=f"forced {kind}: {c}")
+        return p
+    return plan
 
 
 def parse_case(text: str) -> tuple[str, int]:
@@ -69,13 +105,21 @@ def main(argv=None) -> int:
 
     layer_mod = importlib.import_module("moe.layer")
     plan_cache = importlib.import_module("moe.launch")._plan
-    saved = {(m, a): getattr(importlib.import_module(m), a) for sets in variants.values() for m, a, _ in sets}
+    gemm_configs = importlib.import_module("moe.gemm_configs")
+    saved = {(m, a): getattr(importlib.import_module(m), a) for sets in variants.values() for m, a, _ in sets
+             if m != "tile"}
+    saved[("moe.gemm_configs", "plan")] = gemm_configs.plan
+    forced = {name: {kind: skinny_tile(spec) for m, kind, spec in sets if m == "tile"}
+              for name, sets in variants.items()}
 
     def configure(name):
         for (m, a), v in saved.items():  # back to the tree's values, then this variant's
             setattr(importlib.import_module(m), a, v)
         for m, a, v in variants[name]:
-            setattr(importlib.import_module(m), a, v)
+            if m != "tile":
+                setattr(importlib.import_module(m), a, v)
+        if forced[name]:
+            gemm_configs.plan = forcing_planner(saved[("moe.gemm_configs", "plan")], forced[name])
         plan_cache.cache_clear()
         layer_mod._LAYER.clear()
 
