@@ -601,6 +601,11 @@ __device__ __forceinline__ void grouped_gemm_tma(const tma::TensorMap& a_map, co
         }
     };
 
+    // a unit's first row of A and of B's rows (e * N + column): in a tail item both CTAs load the same rows of A and
+    // each its own n-tile of B, whole
+    auto a_row0 = [&](int e, int mp, bool tail) { return group_lo(e) + (mp * CM + (tail ? 0 : mrank)) * BM; };
+    auto b_row0 = [&](int e, int n_tile, bool tail) { return e * N + (n_tile + (tail ? rank : 0)) * BN; };
+
     // B's k-tile kt of n-tile rows [brow0, brow0 + BN) into stage buffer sa: in a pair, this CTA's half into both
     // CTAs (multicast), or in a tail item its own n-tile, whole, in the map's two boxes
     auto load_b = [&](unsigned sa, unsigned full, int kt, int brow0, bool tail) {
@@ -626,8 +631,7 @@ __device__ __forceinline__ void grouped_gemm_tma(const tma::TensorMap& a_map, co
                  locate(item_tile(unit), e, mp, n_tile, tail);
                  unit += gridDim.x / CS) {
                 trigger_if_last(unit);
-                const int row0 = group_lo(e) + (mp * CM + (tail ? 0 : mrank)) * BM;
-                const int brow0 = e * N + (n_tile + (tail ? rank : 0)) * BN;
+                const int row0 = a_row0(e, mp, tail), brow0 = b_row0(e, n_tile, tail);
                 // lane l of warp w copies chunk l % 8 of rows 32 w + 4 i + l / 8, i < 8: a warp reads four whole
                 // 128-byte row pieces per instruction (full sectors) and each 8-lane phase writes one row's 8
                 // chunks (no bank conflict); token -1: a row past the group (zeros, never stored)
@@ -667,9 +671,7 @@ __device__ __forceinline__ void grouped_gemm_tma(const tma::TensorMap& a_map, co
                  locate(item_tile(unit), e, mp, n_tile, tail);
                  unit += gridDim.x / CS) {
                 trigger_if_last(unit);
-                // a tail item: both CTAs load the same rows of A and each its own n-tile of B, whole
-                const int row0 = group_lo(e) + (mp * CM + (tail ? 0 : mrank)) * BM;
-                const int brow0 = e * N + (n_tile + (tail ? rank : 0)) * BN;
+                const int row0 = a_row0(e, mp, tail), brow0 = b_row0(e, n_tile, tail);
                 const int ks = item_split(unit), kt_lo = ks * k_tiles / ksplits;
                 const int kt_hi = (ks + 1) * k_tiles / ksplits;
                 if (lane == 0) {
