@@ -72,11 +72,10 @@ def launch_overhead_line(overhead: dict | None) -> str:
     o = overhead
     verdict = (f"target < {o['target_us']:g} µs: {o['verdict']}" if o["target_us"] is not None
                else "no expected table, no target")
-    per_call = o.get("per_call_us", o["measured_us"])
     line = (f"kernel launch overhead (seed 004): {o['measured_us']:.1f} µs per kernel launch, the host µs per call "
-            f"of {o['rows']} rows of {', '.join(o['impls'])} over the {o.get('launches', o['rows'])} kernels they "
-            f"launch ({per_call:.1f} µs per call); {verdict}")
-    if o.get("uncounted_rows"):
+            f"of {o['rows']} rows of {', '.join(o['impls'])} over the {o['launches']} kernels they launch "
+            f"({o['per_call_us']:.1f} µs per call); {verdict}")
+    if o["uncounted_rows"]:
         line += f" ({o['uncounted_rows']} rows without a launch count: one launch each)"
     if o["unheld_rows"]:
         line += f" ({o['unheld_rows']} rows wait for the device: their host µs includes the wait)"

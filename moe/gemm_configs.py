@@ -426,13 +426,15 @@ def skinny_config(problem: GemmProblem, spec: DeviceSpec) -> tuple[GemmConfig, s
         tiles += [next(c for c in SKINNY if (c.block_m, c.split_k, c.block_n // c.warps_n) ==
                        (block_m, split_k, per_warp)) for per_warp in (32, 16)]
     small = [c for c in tiles if not SKINNY_MAX_ITEM_BYTES or c.block_n * problem.k * 2 <= SKINNY_MAX_ITEM_BYTES]
+    tiles = small or tiles  # no tile small enough (a very long K): the bound is dropped
     if SKINNY_UNSPLIT_ITEMS_PER_SM:
-        for cfg in (small or tiles):
-            if cfg.split_k == 1 and cfg.grid(problem) >= SKINNY_UNSPLIT_ITEMS_PER_SM * spec.sm_count:
-                return cfg, (f"~{avg:.1f} rows per group over {groups} groups: {cfg.grid(problem)} items >= "
+        for cfg in tiles:
+            items = cfg.grid(problem)
+            if cfg.split_k == 1 and items >= SKINNY_UNSPLIT_ITEMS_PER_SM * spec.sm_count:
+                return cfg, (f"~{avg:.1f} rows per group over {groups} groups: {items} items >= "
                              f"{SKINNY_UNSPLIT_ITEMS_PER_SM} per SM without a K split")
     best = None
-    for cfg in small or tiles:  # no tile small enough (a very long K): the bound is dropped
+    for cfg in tiles:
         ctas = cfg.grid(problem)
         if best is None or ctas > best[1]:
             best = (cfg, ctas)
@@ -443,16 +445,21 @@ def skinny_config(problem: GemmProblem, spec: DeviceSpec) -> tuple[GemmConfig, s
 
 
 @contextlib.contextmanager
-def expert_gemms_planned_as(tile: GemmConfig):
+def expert_gemms_planned_as(tile: GemmConfig | None = None, *, up: GemmConfig | None = None,
+                            down: GemmConfig | None = None):
     """Within the block, every grouped GEMM of several groups with a 16-bit output (a MoE layer's expert GEMMs)
-    is planned as ``tile``; the others (the router's fp32 GEMM) as ``plan`` says. For A/B runs, tests and the
-    sanitizer's cases; a layer built inside keeps the plan it was built with (clear moe.layer's cache around it)."""
+    is planned as ``tile``, or the one with an epilogue (the up-projection) as ``up`` and the others (the
+    down-projection) as ``down`` where given; the rest (the router's fp32 GEMM, an expert GEMM given no tile) as
+    ``plan`` says. For A/B runs, tests and the sanitizer's cases; a layer built inside keeps the plan it was built
+    with (clear moe.layer's cache around it)."""
     real = globals()["plan"]
+    up, down = up or tile, down or tile
 
     def forced(problem: GemmProblem, spec: DeviceSpec) -> tiling.Plan:
-        if problem.experts > 1 and problem.out_dtype is None:
-            return tiling.Plan(config=tile, smem_bytes=tile.smem_bytes(), limit=spec.smem_per_block_optin,
-                               reason=f"forced: {tile}")
+        chosen = up if problem.epilogue is not None else down
+        if chosen is not None and problem.experts > 1 and problem.out_dtype is None:
+            return tiling.Plan(config=chosen, smem_bytes=chosen.smem_bytes(), limit=spec.smem_per_block_optin,
+                               reason=f"forced: {chosen}")
         return real(problem, spec)
 
     globals()["plan"] = forced

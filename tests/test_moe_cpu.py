@@ -252,7 +252,7 @@ def test_layer_ab_parses_variants_and_cases(layer_ab_tool):
     assert name == "cap" and sets == [("moe.gemm_configs", "SKINNY_MAX_ITEM_BYTES", 1048576),
                                       ("moe.layer", "FUSED_DECODE", False)]
     assert layer_ab_tool.parse_variant("base") == ("base", [])
-    assert layer_ab_tool.parse_case("seed004:4") == ("seed004", 4)
+    assert layer_ab_tool.parse_case("seed004:4") == layer_ab_tool.parse_case("decode_seed004_T4") == "decode_seed004_T4"
     for bad in ("x:FLAG=1", "x:moe.layer.FUSED_DECODE"):
         with pytest.raises(SystemExit, match="--variant"):
             layer_ab_tool.parse_variant(bad)
@@ -261,8 +261,8 @@ def test_layer_ab_parses_variants_and_cases(layer_ab_tool):
 
 
 def test_layer_ab_forces_expert_gemm_tiles(layer_ab_tool):
-    """tools/layer_ab.py: ``up=`` / ``down=`` name skinny tiles; the forcing planner returns them for the expert
-    GEMMs only (the router's one-group fp32 GEMM is planned as before)."""
+    """tools/layer_ab.py: ``up=`` / ``down=`` name skinny tiles; ``gemm_configs.expert_gemms_planned_as(up=...)``
+    plans them for that expert GEMM only (the down-projection and the router's one-group fp32 GEMM as before)."""
     from cukernels import device
     from moe import gemm_configs
 
@@ -274,11 +274,14 @@ def test_layer_ab_forces_expert_gemm_tiles(layer_ab_tool):
         layer_ab_tool.skinny_tile((8, 64, 1))
     up = layer_ab_tool.skinny_tile((8, 16, 2))
     assert (up.block_m, up.block_n // up.warps_n, up.split_k) == (8, 16, 2)
-    plan = layer_ab_tool.forcing_planner(gemm_configs.plan, {"up": up})
     spec = device.profile("h100")
     G = gemm_configs.GemmProblem
-    assert plan(G(rows=8, n=2816, k=2048, experts=64, dtype="bf16", epilogue="swiglu"), spec).config == up
     down = G(rows=8, n=2048, k=1408, experts=64, dtype="bf16")
-    assert plan(down, spec).config == gemm_configs.plan(down, spec).config
     router = G(rows=1, n=64, k=2048, experts=1, dtype="bf16", out_dtype="fp32")
-    assert plan(router, spec).config == gemm_configs.plan(router, spec).config
+    real = gemm_configs.plan
+    with gemm_configs.expert_gemms_planned_as(up=up):  # what the tool enters for a variant's forced tiles
+        plan = gemm_configs.plan
+        assert plan(G(rows=8, n=2816, k=2048, experts=64, dtype="bf16", epilogue="swiglu"), spec).config == up
+        assert plan(down, spec).config == real(down, spec).config
+        assert plan(router, spec).config == real(router, spec).config
+    assert gemm_configs.plan is real

@@ -7,19 +7,20 @@
 A variant is ``NAME[:module.attr=value[,module.attr=value...]]`` (values are Python literals; the first variant is
 the reference, usually the tree's plan with no assignment); ``up=BM/PW/KS`` / ``down=BM/PW/KS`` force the expert
 GEMMs' skinny tiles (block_m, weight rows per warp, K split; the fused decode kernels take them too). Each case
-builds one layer per variant (the assignments applied, the planner's and the layer's caches cleared), records its
-plan (the expert GEMMs' tiles, whether the layer runs as one decode launch), compares its output with the reference
-variant's (rel L2 and bitwise) and over two calls (bitwise), then times every variant in ``--rounds`` rounds, the
-order rotated each round: triton's do_bench (L2 flushed) and the engine's held timer of the layer's cached call, and
-after the last round the time as called (200 back-to-back public calls, one synchronisation). Weights and tokens
-come from fixed seeds, so every variant of a case routes the same slots to the same experts (the bytes a decode
-layer streams depend on that: compare variants within a run, not across scripts). Needs a GPU and triton. Every
-attribute is put back at the end.
+plans the suite's layer once per variant (the assignments applied, the planner's and the layer's caches cleared),
+records its plan (the expert GEMMs' tiles, whether the layer runs as one decode launch), compares its output with
+the reference variant's (rel L2 and bitwise) and over two calls (bitwise), then times every variant in ``--rounds``
+rounds, the order rotated each round: triton's do_bench (L2 flushed) and the engine's held timer of the layer's
+cached call, and after the last round the time as called (``cukernels.timing.as_called``). Weights and tokens are
+the decode suite's (``moe.bench.make_inputs``), so every variant of a case routes the same slots to the same experts
+as the suite (the bytes a decode layer streams depend on that: compare variants within a run, not across scripts).
+Needs a GPU and triton. Every attribute is put back at the end.
 """
 from __future__ import annotations
 
 import argparse
 import ast
+import contextlib
 import importlib
 import json
 import sys
@@ -29,9 +30,6 @@ from pathlib import Path
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-
-SHAPES = {"E64top8": (64, 8, 2048, 1408), "seed004": (32, 2, 4096, 11008)}  # experts, top_k, hidden, inter
-
 
 def parse_variant(text: str) -> tuple[str, list[tuple[str, str, object]]]:
     """``NAME[:module.attr=value,...]`` -> (name, [(module, attr, value)]); ``up=BM/PW/KS`` or ``down=BM/PW/KS``
@@ -65,31 +63,24 @@ def skinny_tile(spec: tuple[int, int, int]):
     raise SystemExit(f"no skinny tile {spec} (block_m 8 or 16, 16 or 32 rows per warp, split 1, 2, 4 or 8)")
 
 
-def forcing_planner(real_plan, forced: dict):
-    """``moe.gemm_configs.plan`` with the expert GEMMs' tiles forced: ``forced`` maps "up" (the GEMM with an
-    epilogue) and / or "down" to a config; the router's one-group GEMM is planned as before."""
-    from cukernels import tiling
+def parse_case(text: str) -> str:
+    """A case of ``moe.bench --suite decode``: its shape name (``decode_seed004_T4``) or ``SHAPE:TOKENS``
+    (``seed004:4``)."""
+    from moe import suites
 
-    def plan(problem, spec):
-        p = real_plan(problem, spec)
-        kind = "up" if problem.epilogue is not None else "down"
-        if problem.experts > 1 and problem.out_dtype is None and kind in forced:
-            c = forced[kind]
-            return tiling.Plan(config=c, smem_bytes=c.smem_bytes(), limit=p.limit, reason=f"forced {kind}: {c}")
-        return p
-    return plan
-
-
-def parse_case(text: str) -> tuple[str, int]:
-    shape, _, tokens = text.partition(":")
-    if shape not in SHAPES or not tokens.isdigit():
-        raise SystemExit(f"--case {text!r}: expected SHAPE:TOKENS with SHAPE in {sorted(SHAPES)}")
-    return shape, int(tokens)
+    shape, colon, tokens = text.partition(":")
+    name = f"decode_{shape}_T{tokens}" if colon else text
+    try:
+        suites.shape(name)
+    except ValueError as exc:
+        raise SystemExit(f"--case {text!r}: {exc}") from None
+    return name
 
 
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--case", action="append", required=True, help="SHAPE:TOKENS, e.g. seed004:4 (repeatable)")
+    ap.add_argument("--case", action="append", required=True,
+                    help="a decode suite case, decode_seed004_T4 or seed004:4 (repeatable)")
     ap.add_argument("--variant", action="append", required=True, help="NAME[:module.attr=value,...] (repeatable)")
     ap.add_argument("--rounds", type=int, default=5)
     ap.add_argument("--json", help="write the rows here")
@@ -100,26 +91,28 @@ def main(argv=None) -> int:
     import cupy
     import triton
 
-    from cukernels import dtypes, timing
-    from moe import MoELayer, interleave_gate_up
+    from cukernels import timing
+    from moe import bench as moe_bench
+    from moe import suites
 
     layer_mod = importlib.import_module("moe.layer")
     plan_cache = importlib.import_module("moe.launch")._plan
     gemm_configs = importlib.import_module("moe.gemm_configs")
     saved = {(m, a): getattr(importlib.import_module(m), a) for sets in variants.values() for m, a, _ in sets
              if m != "tile"}
-    saved[("moe.gemm_configs", "plan")] = gemm_configs.plan
     forced = {name: {kind: skinny_tile(spec) for m, kind, spec in sets if m == "tile"}
               for name, sets in variants.items()}
+    tiles = contextlib.ExitStack()  # the current variant's forced tiles (gemm_configs.expert_gemms_planned_as)
 
     def configure(name):
+        tiles.close()
         for (m, a), v in saved.items():  # back to the tree's values, then this variant's
             setattr(importlib.import_module(m), a, v)
         for m, a, v in variants[name]:
             if m != "tile":
                 setattr(importlib.import_module(m), a, v)
         if forced[name]:
-            gemm_configs.plan = forcing_planner(saved[("moe.gemm_configs", "plan")], forced[name])
+            tiles.enter_context(gemm_configs.expert_gemms_planned_as(**forced[name]))
         plan_cache.cache_clear()
         layer_mod._LAYER.clear()
 
@@ -129,60 +122,46 @@ def main(argv=None) -> int:
     print(cupy.cuda.runtime.getDeviceProperties(0)["name"].decode(), flush=True)
     rows, names = [], list(variants)
     try:
-        for shape in dict.fromkeys(s for s, _ in cases):
-            experts, top_k, hidden, inter = SHAPES[shape]
-            router = cupy.random.default_rng(experts).standard_normal((hidden, experts), dtype=cupy.float32)
-            w_up = interleave_gate_up(dtypes.random((experts, inter, hidden), dtypes.BF16, seed=2,
-                                                    scale=1 / np.sqrt(hidden)),
-                                      dtypes.random((experts, inter, hidden), dtypes.BF16, seed=3,
-                                                    scale=1 / np.sqrt(hidden)))
-            w_down = dtypes.random((experts, hidden, inter), dtypes.BF16, seed=4, scale=1 / np.sqrt(inter))
-            for tokens in [t for s, t in cases if s == shape]:
-                x = dtypes.random((tokens, hidden), dtypes.BF16, seed=10 + tokens)
-                calls, outs, plans = {}, {}, {}
-                for name in names:
-                    configure(name)
-                    layer = MoELayer(router, w_up, w_down, top_k)
-                    outs[name] = [layer(x), layer(x)]
-                    tensors = (x, layer.router_b, layer.w_gate_up, layer.w_down)
-                    call = layer_mod._LAYER.get((*(layer_mod._launch.view(t)[0] for t in tensors), top_k, "swiglu"))
-                    plans[name] = {"up": str(call.up.config), "down": str(call.down.config),
-                                   "one_launch": call.decode is not None}
-                    ptrs = [layer_mod._launch.view(t)[1] for t in tensors]
-                    calls[name] = (lambda c=call, p=ptrs: c(*p), layer)
-                ref = f32(outs[names[0]][0])
-                row = {"case": f"{shape} T{tokens}", "plans": plans,
-                       "rel_l2_vs_" + names[0]: {n: float(cupy.linalg.norm(f32(o[0]) - ref) / cupy.linalg.norm(ref))
-                                                 for n, o in outs.items()},
-                       "bitwise_vs_" + names[0]: {n: bool((o[0] == outs[names[0]][0]).all()) for n, o in outs.items()},
-                       "same_over_calls": {n: bool((o[0] == o[1]).all()) for n, o in outs.items()},
-                       "do_bench_us": {n: [] for n in names}, "held_us": {n: [] for n in names}}
-                for r in range(args.rounds):
-                    for name in names[r % len(names):] + names[:r % len(names)]:
-                        time.sleep(0.3)
-                        fn = calls[name][0]
-                        row["do_bench_us"][name].append(round(triton.testing.do_bench(fn, warmup=25, rep=150) * 1e3, 2))
-                        row["held_us"][name].append(round(timing.benchmark(fn, budget_ms=60).median_ms * 1e3, 2))
-                row["called_us"] = {}
-                for name in names:  # the public call, with the variant's plan in the cache
-                    configure(name)
-                    layer = calls[name][1]
-                    for _ in range(20):
-                        layer(x)
-                    cupy.cuda.Device().synchronize()
-                    t0 = time.perf_counter()
-                    for _ in range(200):
-                        layer(x)
-                    cupy.cuda.Device().synchronize()
-                    row["called_us"][name] = round((time.perf_counter() - t0) / 200 * 1e6, 2)
-                row["median_us"] = {n: {"do_bench": float(np.median(row["do_bench_us"][n])),
-                                        "held": float(np.median(row["held_us"][n])), "called": row["called_us"][n]}
-                                    for n in names}
-                rows.append(row)
-                print(json.dumps(row), flush=True)
-            del w_up, w_down
-            cupy.get_default_memory_pool().free_all_blocks()
-    finally:  # the tree's values back, and no plan made under a variant left in the caches
+        for case_name in cases:  # the decode suite's weights and tokens (moe.bench.make_inputs)
+            (case,) = moe_bench.cases_for([suites.shape(case_name)], "bf16")
+            inputs = moe_bench.make_inputs(case, 0)
+            layer, x, top_k = inputs.layer, inputs.x, case.params["top_k"]
+            tensors = (x, layer.router_b, layer.w_gate_up, layer.w_down)
+            key = (*(layer_mod._launch.view(t)[0] for t in tensors), top_k, "swiglu")
+            ptrs = [layer_mod._launch.view(t)[1] for t in tensors]
+            calls, outs, plans = {}, {}, {}
+            for name in names:
+                configure(name)
+                outs[name] = [layer(x), layer(x)]
+                call = layer_mod._LAYER.get(key)
+                plans[name] = {"up": str(call.up.config), "down": str(call.down.config),
+                               "one_launch": call.decode is not None}
+                calls[name] = lambda c=call, p=ptrs: c(*p)
+            ref = f32(outs[names[0]][0])
+            row = {"case": case.name, "plans": plans,
+                   "rel_l2_vs_" + names[0]: {n: float(cupy.linalg.norm(f32(o[0]) - ref) / cupy.linalg.norm(ref))
+                                             for n, o in outs.items()},
+                   "bitwise_vs_" + names[0]: {n: bool((o[0] == outs[names[0]][0]).all()) for n, o in outs.items()},
+                   "same_over_calls": {n: bool((o[0] == o[1]).all()) for n, o in outs.items()},
+                   "do_bench_us": {n: [] for n in names}, "held_us": {n: [] for n in names}}
+            for r in range(args.rounds):
+                for name in names[r % len(names):] + names[:r % len(names)]:
+                    time.sleep(0.3)
+                    fn = calls[name]
+                    row["do_bench_us"][name].append(round(triton.testing.do_bench(fn, warmup=25, rep=150) * 1e3, 2))
+                    row["held_us"][name].append(round(timing.benchmark(fn, budget_ms=60).median_ms * 1e3, 2))
+            row["called_us"] = {}
+            for name in names:  # the public call, the variant's plan made again in the cleared cache
+                configure(name)
+                layer(x)
+                row["called_us"][name] = round(timing.as_called(lambda: layer(x)) * 1e3, 2)
+            row["median_us"] = {n: {"do_bench": float(np.median(row["do_bench_us"][n])),
+                                    "held": float(np.median(row["held_us"][n])), "called": row["called_us"][n]}
+                                for n in names}
+            rows.append(row)
+            print(json.dumps(row), flush=True)
+    finally:  # the tree's values and planner back, and no plan made under a variant left in the caches
+        tiles.close()
         for (m, a), v in saved.items():
             setattr(importlib.import_module(m), a, v)
         plan_cache.cache_clear()
