@@ -144,11 +144,13 @@ class _FlashAttention(torch.autograd.Function):
     def backward(ctx, do):
         q, k, v, o, lse = ctx.saved_tensors
         key, segment_ids, (causal, window, softmax_scale, deterministic) = ctx.options
-        if not do.is_contiguous():  # contiguous: the strides are multiples of head_dim, aligned
-            do = _aligned_grad(do)
+        if do.is_contiguous():  # the strides are multiples of head_dim, aligned; autograd gives o's shape, device
+            like_o = do.dtype is o.dtype
+        else:
+            do, like_o = _aligned_grad(do), False
         dq, dk, dv = backward_keyed(key, do, q, k, v, o, lse, causal=causal, window=window,
                                     segment_ids=segment_ids, softmax_scale=softmax_scale,
-                                    deterministic=deterministic)
+                                    deterministic=deterministic, do_like_o=like_o)
         return dq, dk, dv, None, None
 
 

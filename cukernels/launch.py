@@ -439,6 +439,7 @@ class TorchFrame(_Frame):
         self._made: dict = {}
         self._device = torch.device("cuda", device_id)
         self._torch_empty = torch.empty
+        self.empty_like = torch.empty_like
         self._dt = {name: getattr(torch, attr) for name, (_, attr) in _DTYPES.items()}
         self.ptr = torch.Tensor.data_ptr  # a tensor's data pointer
         raw = getattr(torch._C, "_cuda_getCurrentRawStream", None)  # what torch's compiled code calls

@@ -219,6 +219,35 @@ def test_autograd_matches_the_float64_reference():
         assert err < 5e-3, err
 
 
+@pytest.mark.parametrize("q_layout", ["contiguous", "transposed view"])
+@pytest.mark.parametrize("do_layout", ["contiguous", "strided"])
+def test_autograd_backward_equals_the_validated_backward(q_layout, do_layout):
+    """The autograd backward's shortcuts (a contiguous dO keyed by the forward alone; gradients made by
+    empty_like of contiguous q, k, v) give the same gradients, bit for bit (deterministic dQ), in the same shapes
+    and contiguous layout, as the fully validated ``flash_attention_backward``, on fresh inputs each time."""
+    torch = _torch()
+    import attention
+    import attention.torch as at
+
+    for seed in (41, 42):
+        q, k, v = _qkv_torch(2, 80, 4, 2, 64, seed=seed)
+        if q_layout == "transposed view":  # [batch, heads, seq, dim] storage seen as [batch, seq, heads, dim]
+            q = q.transpose(1, 2).contiguous().transpose(1, 2)
+        q, k, v = (x.requires_grad_() for x in (q, k, v))
+        do = torch.randn(q.shape, device="cuda", dtype=q.dtype)
+        if do_layout == "strided":
+            do = torch.randn(2, 4, 80, 64, device="cuda", dtype=q.dtype).transpose(1, 2)
+        o = at.flash_attention(q, k, v, causal=True, deterministic=True)
+        dq, dk, dv = torch.autograd.grad(o, (q, k, v), do)
+        o2, lse = attention.flash_attention(q.detach(), k.detach(), v.detach(), causal=True, return_lse=True)
+        assert torch.equal(o, o2)
+        ref = attention.flash_attention_backward(do.contiguous(), q.detach(), k.detach(), v.detach(), o2, lse,
+                                                 causal=True, deterministic=True)
+        for g, r, x in zip((dq, dk, dv), ref, (q, k, v)):
+            assert g.shape == x.shape and g.is_contiguous() and g.dtype == x.dtype
+            assert torch.equal(g, r)
+
+
 _FRESH_PROCESS = """
 import torch
 import attention.torch as at
