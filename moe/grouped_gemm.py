@@ -316,8 +316,17 @@ class SkinnyFFN:
     (left zeroed by the launch)."""
 
     # two counters per group slot (SKINNY_MAX_GROUPS), then the down items' ticket and its CTA count, then
-    # (SkinnyDecode) the router items stored and the CTAs past their wait
-    SYNC_BYTES = 4 * (2 * 512 + 16)
+    # (SkinnyDecode) the router items stored and the CTAs past their wait, then one per down column block (the
+    # combine's; SKINNY_COLS, SKINNY_MAX_COLS in the kernel)
+    SYNC_BYTES = 4 * (2 * 512 + 16 + 1024)
+    MAX_COMBINE_BLOCKS = 1024
+
+    @staticmethod
+    def combines(down: "GemmCall", top_k: int) -> bool:
+        """Whether the fused kernel can run the layer's combine too (``enqueue``'s ``out``): the down-projection's
+        column blocks fit the counters and top_k the kernel's bound."""
+        return (-(-down.problem.n // down.config.block_n) <= SkinnyFFN.MAX_COMBINE_BLOCKS
+                and top_k <= 8)  # the kernel's SKINNY_MAX_TOP_K
 
     @staticmethod
     def fits(up: "GemmCall", down: "GemmCall") -> bool:
@@ -348,15 +357,19 @@ class SkinnyFFN:
             grid = kern.resident_grid(cu.grid(pu) + cd.grid(pd), 256, smem)  # the items: up, then down
             self.early = GemmCall._early_bytes(pu, cu, grid) if early else 0
             P = _launch.Ptr  # 0 x, 1 w_up, 2 h, 3 w_down, 4 y, 5 offsets, 6 row weights, 7 sorted slots, 8 counts,
-            # 9 the counters
+            # 9 the counters, 10 out (0: no combine), 11 inverse
             self.launcher = _launch.Launcher(
                 kern, (grid,), (256,),
                 (P(0), P(1), P(2), P(3), P(4), P(5), P(6), np.int32(pu.experts), np.int32(pu.n), np.int32(pu.k),
-                 np.int32(pd.k), P(7), np.int32(top_k), P(8), np.int32(self.early), P(9)), smem=smem, pdl=True)
+                 np.int32(pd.k), P(7), np.int32(top_k), P(8), np.int32(self.early), P(9), P(10), P(11),
+                 np.int32(pu.rows // top_k)), smem=smem, pdl=True)
 
     def enqueue(self, stream: int, px: int, w_up: int, h: int, w_down: int, y: int, offsets: int, row_weight: int,
-                sorted_slots: int, counts: int, sync: int) -> None:
-        self.launcher.launch(stream, (px, w_up, h, w_down, y, offsets, row_weight, sorted_slots, counts, sync))
+                sorted_slots: int, counts: int, sync: int, out: int = 0, inverse: int = 0) -> None:
+        """``out``: the layer's output, combined from y through ``inverse`` in this launch (``combines``); 0: y
+        only."""
+        self.launcher.launch(stream, (px, w_up, h, w_down, y, offsets, row_weight, sorted_slots, counts, sync, out,
+                                      inverse))
 
 
 class SkinnyDecode:
@@ -388,7 +401,7 @@ class SkinnyDecode:
         """The largest phase's partial sums, the group list and its count, the row offsets, and per slot / per row
         its expert, weight, slot and row weight (moe_decode_skinny)."""
         # a skinny tile's own cost is its partial sums and the group list; then the offsets and five per-slot arrays
-        return max(c.smem_bytes() for c in (router, up, down)) + 4 * (configs.MAX_EXPERTS + 1 + 5 * configs.MAX_EXPERTS)
+        return max(c.smem_bytes() for c in (router, up, down)) + 4 * (configs.MAX_EXPERTS + 1 + 6 * configs.MAX_EXPERTS)
 
     def __init__(self, router: "GemmCall", up: "GemmCall", down: "GemmCall", dtype: np.dtype, top_k: int,
                  early: bool):
@@ -404,16 +417,18 @@ class SkinnyDecode:
             kern = launch.kernel(SOURCE, name)
             grid = kern.resident_grid(cu.grid(pu) + cd.grid(pd), 256, smem)  # the FFN's items (router's: fewer)
             self.early = GemmCall._early_bytes(pu, cu, grid) if early else 0
-            P = _launch.Ptr  # 0 x, 1 router weight, 2 logits, 3 w_up, 4 h, 5 w_down, 6 y, 7 inverse, 8 the counters
+            P = _launch.Ptr  # 0 x, 1 router weight, 2 logits, 3 w_up, 4 h, 5 w_down, 6 y, 7 inverse, 8 the counters,
+            # 9 out (0: no combine)
             self.launcher = _launch.Launcher(
                 kern, (grid,), (256,),
                 (P(0), P(1), P(2), P(3), P(4), P(5), P(6), P(7), np.int32(pr.rows), np.int32(experts),
-                 np.int32(top_k), np.int32(pu.n), np.int32(pu.k), np.int32(pd.k), np.int32(self.early), P(8)),
+                 np.int32(top_k), np.int32(pu.n), np.int32(pu.k), np.int32(pd.k), np.int32(self.early), P(8), P(9)),
                 smem=smem, pdl=True)
 
     def enqueue(self, stream: int, px: int, router_b: int, logits: int, w_up: int, h: int, w_down: int, y: int,
-                inverse: int, sync: int) -> None:
-        self.launcher.launch(stream, (px, router_b, logits, w_up, h, w_down, y, inverse, sync))
+                inverse: int, sync: int, out: int = 0) -> None:
+        """``out``: the layer's output, combined in this launch (``SkinnyFFN.combines``); 0: y and inverse only."""
+        self.launcher.launch(stream, (px, router_b, logits, w_up, h, w_down, y, inverse, sync, out))
 
 
 EARLY_L2_SHARE = 0.5  # of the L2 that skinny plans started early (GemmCall early=) may prefetch over the grid

@@ -7,9 +7,9 @@ the permutation and every intermediate live in one workspace allocation; the out
 decode-sized groups (skinny tiles) and on the 128 x 256 tma tiles of sm_90a (``grouped_gemm.TMA_GATHER``: the
 producer warpgroup copies the token rows into the pipeline) the up-projection gathers the token rows itself (no
 gather launch), and with fewer rows than
-experts both expert GEMMs run as one launch (``grouped_gemm.SkinnyFFN``): five launches; and with the router GEMM
-on a skinny tile too, the router GEMM, routing and permutation run in that launch (``grouped_gemm.SkinnyDecode``,
-the routing built in each CTA's shared memory): two launches, that one and the combine.
+experts both expert GEMMs and the combine run as one launch (``grouped_gemm.SkinnyFFN``; ``FUSED_COMBINE``): four
+launches; and with the router GEMM on a skinny tile too, the router GEMM, routing and permutation run in that
+launch (``grouped_gemm.SkinnyDecode``, the routing built in each CTA's shared memory): the whole layer in one.
 
 Weights:
 
@@ -54,8 +54,11 @@ EARLY_WEIGHTS = True
 # of two (SkinnyFFN.planned)
 FUSED_FFN = True
 # Where the FFN runs fused and the router GEMM is a skinny tile: the router GEMM, routing, permutation and FFN as
-# one launch too (SkinnyDecode): the layer is two launches (that one and the combine)
+# one launch too (SkinnyDecode)
 FUSED_DECODE = True
+# Where the FFN runs fused (either kernel), the combine in its launch too (the CTA that stores a column block of y
+# last sums it per token: moe_combine's bits): the layer is then one launch (SkinnyDecode) or four (SkinnyFFN)
+FUSED_COMBINE = True
 
 
 class LayerCall:
@@ -89,6 +92,8 @@ class LayerCall:
             self.decode = (SkinnyDecode(self.router, self.up, self.down, dtype, top_k, EARLY_WEIGHTS)
                            if FUSED_DECODE and SkinnyDecode.fits(self.router, self.ffn) else None)
             self._sync_bytes = SkinnyFFN.SYNC_BYTES if self.ffn is not None else 0  # (SkinnyDecode: the same)
+            self.fused_combine = (FUSED_COMBINE and self.ffn is not None
+                                  and SkinnyFFN.combines(self.down, top_k))
             # the fused kernel's counters: one zeroed buffer per stream for eager calls (each launch leaves them
             # zeroed), a graph's own in the workspace, zeroed by a node of the graph
             self._sync: dict = {}
@@ -117,8 +122,10 @@ class LayerCall:
         sync = self._sync_buffer(stream, at["sync"]) if self._sync_bytes else 0  # (a memset: before the chain)
         sorted_slots, inverse, offsets, _ = (at["dispatch"] + off for off in self.permute.out_offsets)
         if self.decode is not None:
-            self.decode.enqueue(stream, px, router_b, at["logits"], w_gate_up, at["h"], w_down, at["y"], inverse, sync)
-            self.combine.launch(stream, (at["y"], inverse, 0, pout))
+            self.decode.enqueue(stream, px, router_b, at["logits"], w_gate_up, at["h"], w_down, at["y"], inverse, sync,
+                                pout if self.fused_combine else 0)
+            if not self.fused_combine:
+                self.combine.launch(stream, (at["y"], inverse, 0, pout))
             return out
         self.router.enqueue(stream, px, router_b, at["logits"], self._one_group_ptr, 0)
         self.route.enqueue(stream, at["logits"], at["routing"])
@@ -126,7 +133,9 @@ class LayerCall:
         counts = at["routing"] + self._counts
         if self.ffn is not None:
             self.ffn.enqueue(stream, px, w_gate_up, at["h"], w_down, at["y"], offsets, at["row_weight"], sorted_slots,
-                             counts, sync)
+                             counts, sync, *((pout, inverse) if self.fused_combine else ()))
+            if self.fused_combine:
+                return out
         elif self.fused_gather:
             self.up.enqueue(stream, px, w_gate_up, at["h"], offsets, 0, sorted_slots, pcounts=counts)
         else:

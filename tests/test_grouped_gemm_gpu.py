@@ -475,36 +475,43 @@ def test_layer_decode_sizes(tokens, experts, top_k):
 @pytest.mark.parametrize("tokens,experts,top_k,early", [(1, 64, 8, True), (3, 16, 4, True), (20, 60, 2, False),
                                                         (2, 200, 6, True), (1, 512, 8, False)])
 def test_fused_ffn_equals_two_launches(tokens, experts, top_k, early):
-    """The decode-sized FFN in one launch (down items waiting on per-expert counters), and the whole layer but the
-    combine in one launch (router GEMM, routing and permutation joined to it: moe_decode_skinny), are bitwise the
-    five launches they replace, call after call (the counters left zeroed), and under a CUDA graph with fresh
-    inputs; with the experts listed before the programmatic wait (early) and after it."""
+    """The decode-sized FFN in one launch (down items waiting on per-expert counters), the whole layer but the
+    combine in one launch (router GEMM, routing and permutation joined to it: moe_decode_skinny), and either with
+    the combine in the same launch (the last CTA of each column block sums it), are bitwise the launches they
+    replace, call after call (the counters left zeroed), and under a CUDA graph with fresh inputs; with the experts
+    listed before the programmatic wait (early) and after it."""
+    from cukernels import launch as engine_launch
     from moe import layer as layer_mod
 
     x, router, w_up, w_down = _layer(tokens, 256, 192, experts, top_k, dtypes.BF16, "swiglu", seed=tokens + 11)
     outs = {}
     layer_mod.EARLY_WEIGHTS = early
+    modes = ((False, False, False), (True, False, False), (True, False, True), (True, True, False), (True, True, True))
     try:
-        for fused, decode in ((False, False), (True, False), (True, True)):
-            layer_mod.FUSED_FFN, layer_mod.FUSED_DECODE = fused, decode
+        for fused, decode, combine in modes:
+            layer_mod.FUSED_FFN, layer_mod.FUSED_DECODE, layer_mod.FUSED_COMBINE = fused, decode, combine
             layer_mod._LAYER.clear()
             layer = MoELayer(router, w_up, w_down, top_k)
-            outs[fused, decode] = [layer(x) for _ in range(3)]
+            checks.poison_pool(16 << 20)  # the output a fused combine writes starts as garbage
+            outs[fused, decode, combine] = [layer(x) for _ in range(3)]
             key = (*(layer_mod._launch.view(t)[0] for t in (x, layer.router_b, layer.w_gate_up, layer.w_down)),
                    top_k, "swiglu")
             call = layer_mod._LAYER.get(key)
             assert (call.ffn is not None) == fused and (call.up.early > 0) == early
             assert (call.decode is not None) == (decode and call.router.config.kind == "skinny")
+            assert call.fused_combine == (fused and combine)
             if tokens < 8:
                 assert call.router.config.kind == "skinny"
-        for mode in ((True, False), (True, True)):
-            for a, b in zip(outs[False, False], outs[mode]):
+            if call.decode is not None:  # the layer in one launch, or two with the combine's own
+                assert engine_launch.count_launches(lambda: layer(x)) == (1 if combine else 2)
+        for mode in modes[1:]:
+            for a, b in zip(outs[modes[0]], outs[mode]):
                 assert bool((a == b).all()), mode
         x2 = dtypes.random(x.shape, dtypes.BF16, seed=99)
         eager2 = layer(x2)
-        _graph_replays(layer, x, ((x, outs[True, True][0]), (x2, eager2), (x, outs[True, True][0])))
+        _graph_replays(layer, x, ((x, outs[modes[-1]][0]), (x2, eager2), (x, outs[modes[-1]][0])))
     finally:
-        layer_mod.FUSED_FFN = layer_mod.EARLY_WEIGHTS = layer_mod.FUSED_DECODE = True
+        layer_mod.FUSED_FFN = layer_mod.EARLY_WEIGHTS = layer_mod.FUSED_DECODE = layer_mod.FUSED_COMBINE = True
         layer_mod._LAYER.clear()
 
 

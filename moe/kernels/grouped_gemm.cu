@@ -1301,6 +1301,54 @@ __device__ __forceinline__ void wait_count(const int* p, int target) {
     } while (done < target);
 }
 
+// The fused FFN's counters (moe.grouped_gemm.SkinnyFFN.SYNC_BYTES): per group slot its up items stored, per group
+// slot its down items past their wait, the ticket and its CTA count, the decode kernel's router barrier; then
+// per down column block its items stored (the combine's).
+constexpr int SKINNY_COLS = 2 * SKINNY_MAX_GROUPS + 16, SKINNY_MAX_COLS = 1024, SKINNY_MAX_TOP_K = 8;
+
+// Two 16-bit elements (low half first) as floats, exactly.
+template <typename T> __device__ __forceinline__ float2 unpack2(unsigned u);
+template <> __device__ __forceinline__ float2 unpack2<__nv_bfloat16>(unsigned u) {
+    return make_float2(__uint_as_float(u << 16), __uint_as_float(u & 0xffff0000u));
+}
+template <> __device__ __forceinline__ float2 unpack2<__half>(unsigned u) {
+    return __half22float2(*reinterpret_cast<const __half2*>(&u));
+}
+
+// The layer's combine over columns [c0, c0 + BN) of every token, in the grid that wrote them: out[t, c] = the
+// sum over k, in order, of y[inv[t top_k + k], c], in fp32 from zero with unit weights (y's rows carry the routing
+// weights already): moe_combine's arithmetic, so the same bits. 4 columns per thread, up to 4 of its 8-byte
+// loads in flight at once (y through L2: other CTAs of this grid wrote it); hidden and c0 are multiples of 8.
+// (16-byte loads, or all top_k in flight, cost decode instances 8-76 bytes of spills at the 128-register bound.)
+template <typename T, int BN>
+__device__ __forceinline__ void combine_columns(const T* __restrict__ y, T* __restrict__ out, const int* inv,
+                                                int tokens, int top_k, int hidden, int c0) {
+    constexpr int V = BN / 4;
+    for (int idx = threadIdx.x; idx < tokens * V; idx += blockDim.x) {
+        const int t = idx / V, col = c0 + 4 * (idx % V);
+        if (col >= hidden) continue;
+        float acc[4] = {0.f, 0.f, 0.f, 0.f};
+        for (int k0 = 0; k0 < top_k; k0 += 4) {  // 4 loads in flight (8 cost sm_80 instances spills)
+            uint2 v[4];
+#pragma unroll
+            for (int k = 0; k < 4; ++k)
+                if (k0 + k < top_k)
+                    v[k] = __ldcg(reinterpret_cast<const uint2*>(y + (size_t)inv[t * top_k + k0 + k] * hidden + col));
+#pragma unroll
+            for (int k = 0; k < 4; ++k)
+                if (k0 + k < top_k) {
+                    const float2 a = unpack2<T>(v[k].x), b = unpack2<T>(v[k].y);
+                    acc[0] = fmaf(1.f, a.x, acc[0]);
+                    acc[1] = fmaf(1.f, a.y, acc[1]);
+                    acc[2] = fmaf(1.f, b.x, acc[2]);
+                    acc[3] = fmaf(1.f, b.y, acc[3]);
+                }
+        }
+        *reinterpret_cast<uint2*>(out + (size_t)t * hidden + col) =
+            make_uint2(mma::Convert<T>::pack(acc[0], acc[1]), mma::Convert<T>::pack(acc[2], acc[3]));
+    }
+}
+
 // ffn_items: the up items, then the down items, of a fused FFN over `listed` group slots (shared by moe_ffn_skinny
 // and moe_decode_skinny); sync as described above. The up items go by a fixed stride (CTA c takes c, c + grid, ...),
 // the down items by ticket (the next unclaimed one, from a counter at sync[2 * SKINNY_MAX_GROUPS]): a CTA that got
@@ -1309,14 +1357,19 @@ __device__ __forceinline__ void wait_count(const int* p, int target) {
 // slots, whose up items went first (H100, E64 top-8: T1 -3 %, T4 -5 % against the fixed stride; tickets for the up
 // items too were level at T1 and between the two at T4). Down items are handed out in increasing order, after every
 // up item has its CTA, so the no-deadlock argument holds. offsets, row_weight and a_index may point to shared
-// memory.
+// memory. With `out` (not null) the grid also runs the layer's combine: a down item's CTA counts it stored in its
+// column block's counter (sync[SKINNY_COLS + nb], after a fence), and the CTA that stores a block's last item
+// (one per listed slot) combines that block's columns of every token (combine_columns, `inv` mapping a token's
+// k-th slot to its row: global or shared memory) and sets the counter back to zero. Saves the combine's launch
+// and the grid boundary before it.
 template <typename T, int BM, int MI1, int WN1, int KS1, int MI2, int WN2, int KS2, int U>
 __device__ __forceinline__ void ffn_items(const T* __restrict__ x, const T* __restrict__ w_up, T* __restrict__ h,
                                           const T* __restrict__ w_down, T* __restrict__ y,
                                           const int* __restrict__ offsets, const float* __restrict__ row_weight,
                                           const int* __restrict__ a_index, int a_div, const int* __restrict__ groups,
                                           int listed, int n_up, int hidden, int inter, int* __restrict__ sync,
-                                          float* __restrict__ partial) {
+                                          float* __restrict__ partial, T* __restrict__ out, const int* inv,
+                                          int tokens, int top_k) {
     constexpr int BN1 = 16 * MI1 * WN1, BN2 = 16 * MI2 * WN2;
     const int nb1 = (n_up + BN1 - 1) / BN1, nb2 = (hidden + BN2 - 1) / BN2;
     const int items1 = listed * nb1, items = items1 + listed * nb2;
@@ -1332,8 +1385,9 @@ __device__ __forceinline__ void ffn_items(const T* __restrict__ x, const T* __re
     // the down items by ticket: a CTA asks for its next one when an item starts and reads it after the item's
     // closing barrier (two slots: the one written next turn was read before this turn's barriers)
     int* ticket = sync + 2 * SKINNY_MAX_GROUPS;  // [0] down items handed out, [1] CTAs done
-    __shared__ int s_next[2];
+    __shared__ int s_next[2], s_combine;  // s_combine: the column block this CTA combines next (-1: none)
     if (threadIdx.x == 0) s_next[0] = items1 + atomicAdd(ticket, 1);
+    if (threadIdx.x == 32) s_combine = -1;
     __syncthreads();
     int turn = 0;
     for (int item = s_next[0]; item < items; turn ^= 1) {
@@ -1341,13 +1395,30 @@ __device__ __forceinline__ void ffn_items(const T* __restrict__ x, const T* __re
         const int j = item - items1, slot = j / nb2, nb = j % nb2;
         if (threadIdx.x == 0) wait_count(sync + slot, nb1);
         __syncthreads();
+        if (out != nullptr && s_combine >= 0)  // the block the last item completed (its count was read meanwhile)
+            combine_columns<T, BN2>(y, out, inv, tokens, top_k, hidden, s_combine * BN2);
         skinny_item<T, T, BM, MI2, WN2, KS2, U, EPI_NONE, true>(h, w_down, y, offsets, row_weight, groups[slot], nb,
                                                                hidden, inter, nullptr, 1, partial);
         if (threadIdx.x == 0 && atomicAdd(sync + SKINNY_MAX_GROUPS + slot, 1) == nb2 - 1) {
             sync[slot] = 0;  // every down item of the slot is past its wait: both counters back to zero
             sync[SKINNY_MAX_GROUPS + slot] = 0;
         }
+        // y's columns of this item are stored (the item ended with __syncthreads): counted by a thread of the
+        // second warp, whose fence and atomic overlap thread 0's ticket and wait; read after the next barrier
+        if (out != nullptr && threadIdx.x == 32) {
+            __threadfence();
+            const bool last = atomicAdd(sync + SKINNY_COLS + nb, 1) == listed - 1;
+            if (last) {  // every listed slot's item of column block nb is stored: this CTA combines it
+                __threadfence();
+                sync[SKINNY_COLS + nb] = 0;
+            }
+            s_combine = last ? nb : -1;
+        }
         item = s_next[turn ^ 1];
+    }
+    if (out != nullptr) {
+        __syncthreads();
+        if (s_combine >= 0) combine_columns<T, BN2>(y, out, inv, tokens, top_k, hidden, s_combine * BN2);
     }
     // the last CTA out sets the ticket and its own count back to zero (every CTA has taken its last ticket)
     if (threadIdx.x == 0 && atomicAdd(ticket + 1, 1) == gridDim.x - 1) ticket[0] = ticket[1] = 0;
@@ -1358,7 +1429,8 @@ __global__ void __launch_bounds__(256)
 moe_ffn_skinny(const T* __restrict__ x, const T* __restrict__ w_up, T* __restrict__ h, const T* __restrict__ w_down,
                T* __restrict__ y, const int* __restrict__ offsets, const float* __restrict__ row_weight,
                int experts, int n_up, int hidden, int inter, const int* __restrict__ a_index, int a_div,
-               const int* __restrict__ early_counts, int early, int* __restrict__ sync) {
+               const int* __restrict__ early_counts, int early, int* __restrict__ sync, T* __restrict__ out,
+               const int* __restrict__ inverse, int tokens) {
     static_assert(WN1 * KS1 == 8 && WN2 * KS2 == 8, "8 warps in both phases");
     constexpr int BN1 = 16 * MI1 * WN1, BN2 = 16 * MI2 * WN2;
     constexpr int P1 = KS1 * BM * (BN1 + 4), P2 = KS2 * BM * (BN2 + 4), PMAX = P1 > P2 ? P1 : P2;
@@ -1374,7 +1446,8 @@ moe_ffn_skinny(const T* __restrict__ x, const T* __restrict__ w_up, T* __restric
         pdl::enter();
     }
     ffn_items<T, BM, MI1, WN1, KS1, MI2, WN2, KS2, U>(x, w_up, h, w_down, y, offsets, row_weight, a_index, a_div,
-                                                      groups, listed, n_up, hidden, inter, sync, partial);
+                                                      groups, listed, n_up, hidden, inter, sync, partial, out, inverse,
+                                                      tokens, a_div);
 }
 
 // ---------------------------------------------------------------- a decode-sized MoE layer in one launch
@@ -1398,14 +1471,15 @@ __global__ void __launch_bounds__(256)
 moe_decode_skinny(const T* __restrict__ x, const T* __restrict__ w_router, float* __restrict__ logits,
                   const T* __restrict__ w_up, T* __restrict__ h, const T* __restrict__ w_down, T* __restrict__ y,
                   int* __restrict__ inverse, int tokens, int experts, int top_k, int n_up, int hidden, int inter,
-                  int early, int* __restrict__ sync) {
+                  int early, int* __restrict__ sync, T* __restrict__ out) {
     static_assert(WNR * KSR == 8 && WN1 * KS1 == 8 && WN2 * KS2 == 8, "8 warps in every phase");
     constexpr int MAX_E = 32 * EPL;
     constexpr int BNR = 16 * MIR * WNR, BN1 = 16 * MI1 * WN1, BN2 = 16 * MI2 * WN2;
     constexpr int PR = KSR * BMR * (BNR + 4), P1 = KS1 * BM * (BN1 + 4), P2 = KS2 * BM * (BN2 + 4);
     constexpr int P12 = P1 > P2 ? P1 : P2, PMAX = PR > P12 ? PR : P12;
     // shared: partial sums [PMAX], the group list and its count, row offsets [experts + 1] (router: {0, tokens}),
-    // per slot its expert and weight, per row its slot and weight; slots = tokens * top_k < experts <= 512
+    // per slot its expert and weight, per row its slot and weight, per slot its row; slots = tokens * top_k <
+    // experts <= 512
     extern __shared__ float partial[];
     int* groups = reinterpret_cast<int*>(partial + PMAX);
     int* s_off = groups + SKINNY_MAX_GROUPS + 1;
@@ -1414,6 +1488,7 @@ moe_decode_skinny(const T* __restrict__ x, const T* __restrict__ w_router, float
     float* s_wt = reinterpret_cast<float*>(s_exp + SKINNY_MAX_GROUPS);
     int* s_slot = reinterpret_cast<int*>(s_wt + SKINNY_MAX_GROUPS);
     float* s_rw = reinterpret_cast<float*>(s_slot + SKINNY_MAX_GROUPS);
+    int* s_inv = reinterpret_cast<int*>(s_rw + SKINNY_MAX_GROUPS);  // per slot its row (inverse, for the combine)
     int* barrier = sync + 2 * SKINNY_MAX_GROUPS + 2;  // [0] router items done, [1] CTAs past the wait
     const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
     const int slots = tokens * top_k;
@@ -1483,11 +1558,13 @@ moe_decode_skinny(const T* __restrict__ x, const T* __restrict__ w_router, float
         const int r = s_off[e] + rank;
         s_slot[r] = s;
         s_rw[r] = s_wt[s];
+        s_inv[s] = r;
         if (blockIdx.x == 0) inverse[s] = r;
     }
     const int listed = skinny_list_groups(s_cnt, s_off, experts, groups, groups + SKINNY_MAX_GROUPS);
     const int nb1 = (n_up + BN1 - 1) / BN1;
     skinny_prefetch<T, BN1>(w_up, groups, listed * nb1, nb1, n_up, hidden, early);
     ffn_items<T, BM, MI1, WN1, KS1, MI2, WN2, KS2, U>(x, w_up, h, w_down, y, s_off, s_rw, s_slot, top_k, groups,
-                                                      listed, n_up, hidden, inter, sync, partial);
+                                                      listed, n_up, hidden, inter, sync, partial, out, s_inv, tokens,
+                                                      top_k);
 }
