@@ -113,6 +113,11 @@ class BackwardCall:
             ws = launch.Workspace()  # lse2, dsum, the fp32 dQ accumulator, segment tile ranges
             self.ws_lse2, self.ws_dsum = ws.add(4 * lse_rows), ws.add(4 * lse_rows)
             self.ws_accum = None if deterministic else ws.add(4 * q_rows * H * D)
+            # dQ converted in the dK/dV grid (flash_bwd_tma's convert_dq): one arrival counter per (batch, kv head)
+            self.dq_in_grid = (isinstance(cfg, BwdTmaConfig) and not cfg.pair and not deterministic and not varlen
+                               and Sq * (H // KVH) * D * 4 <= DQ_CONVERT_IN_GRID_BYTES)
+            n_counters = B * KVH if self.dq_in_grid else 0
+            self.ws_counters = ws.add(4 * n_counters) if n_counters else None
             ids_cont = api.ids_contiguous(segment_ids) if mask & MASK_SEGMENTS else None
             self.ranges = [api.TileRanges(problem, bm, bn, ws, ids_cont) for bm, bn in
                            ((cfg.block_m, cfg.block_n), (cfg.dq_block_m, cfg.dq_block_n))[:1 + deterministic]
@@ -121,14 +126,14 @@ class BackwardCall:
 
             P = launch.Ptr  # 0 do, 1 q, 2 k, 3 v, 4 o, 5 lse, 6 dq, 7 dk, 8 dv, 9 lse2, 10 dsum, 11 dq accumulator,
             # 12 q ids, 13 kv ids (packed: cu_seqlens_q / _k), 14/15 q/kv tile ranges of the dK/dV kernel, 16/17
-            # those of the dQ kernel
+            # those of the dQ kernel, 18 the dQ conversion's arrival counters (dq_in_grid)
             st = {name: [np.int64(s) for s in api.batch_strides(x, varlen)]
                   for name, x in (("do", do), ("q", q), ("k", k), ("v", v), ("o", o))}
             pre = f"flash_bwd_preprocess<{ct},{D},{'true' if varlen else 'false'}>"
             self.steps = [launch.Launcher(
                 _compile.kernel(KERNEL_SOURCE, pre), ((lse_rows + 7) // 8,), (256,),
                 (P(4), P(0), P(5), P(9), P(10), P(11), *st["o"], *st["do"], np.int32(B), np.int32(Sq),
-                 np.int32(seq_pad), np.int32(H), P(12)))]
+                 np.int32(seq_pad), np.int32(H), P(12), P(18) if n_counters else 0, np.int32(n_counters)))]
             left, right = problem.window_bounds()
             scale = 1.0 / math.sqrt(D) if softmax_scale is None else float(softmax_scale)
             tail = (*st["q"], *st["k"], *st["v"], *st["do"], np.int32(Sq), np.int32(Skv), np.int32(seq_pad),
@@ -140,6 +145,8 @@ class BackwardCall:
                 maps = _tensor_maps(problem, cfg, [st[n] for n in ("q", "k", "v", "do")], deterministic)
                 args = (*maps, P(9), P(10), P(7), P(8), P(12), P(13), P(14), P(15), *tail[12:],
                         np.int32(head_chunk(problem, cfg, spec.sm_count)))
+                if not cfg.pair:  # the dQ accumulator, dq and the counters where dQ is converted in the grid
+                    args += (P(11), P(6), P(18)) if self.dq_in_grid else (0, 0, 0)
             else:
                 args = (P(1), P(2), P(3), P(0), P(9), P(10), P(11), P(7), P(8), P(12), P(13), P(14), P(15), *tail)
             self.steps.append(launch.Launcher(
@@ -152,7 +159,7 @@ class BackwardCall:
                     (32 * cfg.dq_warps,),
                     (P(1), P(2), P(3), P(0), P(9), P(10), P(6), P(12), P(13), P(16), P(17), *tail),
                     smem=cfg.dq_smem_bytes()))
-            else:
+            elif not self.dq_in_grid:
                 quads = q_rows * H * D // 4  # head dims are multiples of 64
                 conv = _compile.kernel(KERNEL_SOURCE, f"flash_bwd_dq_convert<{ct}>")
                 self.steps.append(launch.Launcher(conv, (min(-(-quads // 256), 32 * spec.sm_count),), (256,),
@@ -197,7 +204,8 @@ class BackwardCall:
             seg[:2] = ids
             for i, r in enumerate(self.ranges):
                 seg[2 + 2 * i: 4 + 2 * i] = r.launch(stream, pws, ids)
-        args = (pdo, pq, pk, pv, po, plse, pdq, pdk, pdv, lse2, dsum, accum, *seg)
+        args = (pdo, pq, pk, pv, po, plse, pdq, pdk, pdv, lse2, dsum, accum, *seg,
+                0 if self.ws_counters is None else pws + self.ws_counters)
         for step in self.steps:
             step.launch(stream, args)
         return dq, dk, dv
@@ -234,6 +242,12 @@ def _tensor_maps(problem: FwdProblem, cfg: BwdTmaConfig, strides, deterministic:
 def _contiguous(x) -> bool:
     return x.is_contiguous() if launch.is_torch(x) else bool(x.flags.c_contiguous)
 
+
+# dQ converted by the dK/dV kernel's last CTA of each (batch, kv head) where that group's fp32 rows are at most
+# this many bytes (flash_bwd_tma only): one launch fewer, which is most of a small backward's cost (host time on
+# autograd's device thread, ~8 us a launch: docs/perf/engine.md, stop 56), for a conversion by one CTA per group
+# (256 threads, 8 float4 loads each in flight: 64 KiB in two trips through L2)
+DQ_CONVERT_IN_GRID_BYTES = 64 << 10
 
 _BACKWARD = launch.Cache("attention.backward")
 

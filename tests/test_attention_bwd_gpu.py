@@ -353,3 +353,50 @@ def test_kept_workspace_not_used_under_capture():
     for got in (grads, eager):
         for g, r, n, name in zip(got, ref, naive, ("dq", "dk", "dv")):
             checks.compare(g, r, tol=tol, naive=n, name=name).raise_if_failed()
+
+
+@pytest.mark.parametrize("in_grid", [True, False], ids=["in-grid", "launched"])
+@pytest.mark.parametrize("case", [(1, 128, 128, 8, 8, 64, "bf16", {"causal": True}),
+                                  (2, 60, 150, 8, 2, 64, "bf16", {"causal": True}),
+                                  (3, 64, 64, 4, 4, 128, "fp16", {}),
+                                  (2, 33, 200, 3, 1, 128, "bf16", {"window": (50, 3)})],
+                         ids=["b1_s128_h8_d64", "b2_gqa4_d64", "b3_d128_fp16", "b2_mqa_window"])
+def test_dq_converted_in_the_dkdv_grid(case, in_grid):
+    """The dQ conversion by the dK/dV kernel's last CTA of each (batch, kv head) (flash_bwd_tma's convert_dq,
+    small groups: one launch fewer) against the reference, and the same problems with it launched; three calls
+    back to back on one stream with fresh inputs (the preprocess zeroes the arrival counters each call)."""
+    import cupy
+
+    from attention import backward as bw
+    from attention import flash_attention_backward
+    from attention.backward_reference import attention_backward_reference
+    from cukernels import tma
+
+    if tma.available():
+        pytest.skip(tma.available())
+    batch, seq_q, seq_kv, heads, kv_heads, dim, dtype, opts = case
+    saved = bw.DQ_CONVERT_IN_GRID_BYTES
+    bw.DQ_CONVERT_IN_GRID_BYTES = saved if in_grid else 0
+    bw._BACKWARD.clear()
+    try:
+        stream = cupy.cuda.Stream(non_blocking=True)
+        runs = []
+        with stream:
+            for seed in (7, 8, 9):
+                q, k, v, do = _inputs(batch, seq_q, seq_kv, heads, kv_heads, dim, dtype, seed=seed)
+                o, lse = _o_lse(q, k, v, dtype, **opts)
+                checks.poison_pool(4 * (q.size + 2 * k.size) + (1 << 20))
+                runs.append(((q, k, v, do, o), flash_attention_backward(do, q, k, v, o, lse, **opts)))
+            call = _backward_call(q, k, v, do, o, lse, **opts) if not opts.get("window") else None
+            if call is not None:
+                assert call.dq_in_grid == in_grid and len(call.steps) == (2 if in_grid else 3)
+            stream.synchronize()
+    finally:
+        bw.DQ_CONVERT_IN_GRID_BYTES = saved
+        bw._BACKWARD.clear()
+    tol = checks.Tolerance(atol=ATOL[dtype], naive_factor=NAIVE_FACTOR)
+    for (q, k, v, do, o), grads in runs:
+        ref = attention_backward_reference(do, q, k, v, o=o, **opts)
+        naive = attention_backward_reference(do, q, k, v, o=o, round_to=dtype, **opts)
+        for g, r, n, name in zip(grads, ref, naive, ("dq", "dk", "dv")):
+            checks.compare(g, r, tol=tol, naive=n, name=name).raise_if_failed()

@@ -94,8 +94,8 @@ def backward_cases():
 
 def tma_backward_cases():
     """The warp-specialised TMA backward (sm_90a with cuda-bindings), forced with each of its tiles: every mask
-    kind, more query tiles than ring stages, both dQ modes, and a packed batch whose query tiles reach into the
-    next sequence."""
+    kind, more query tiles than ring stages, both dQ modes, a packed batch whose query tiles reach into the
+    next sequence, and a problem small enough for the dQ conversion in the dK/dV grid."""
     from attention import bwd_configs, flash_attention, flash_attention_backward
     from attention.varlen import flash_attention_varlen, flash_attention_varlen_backward
     from cukernels import tune
@@ -114,6 +114,10 @@ def tma_backward_cases():
         qp, kp, dop = q[0], k[0, :400], do[0]
         o, lse = flash_attention_varlen(qp, kp, kp, cu, cu, 299, 299, return_lse=True, **kw)
         flash_attention_varlen_backward(dop, qp, kp, kp, o, lse, cu, cu, 299, 299, **kw)
+        # few query rows per kv head: dQ converted by the dK/dV grid's last CTA of each group (convert_dq)
+        q, k, v, do, _ = _attention_inputs(d, dt, 60, 200)
+        o, lse = flash_attention(q, k, v, return_lse=True, **kw)
+        flash_attention_backward(do, q, k, v, o, lse, **kw)
 
 
 def gemm_cases():

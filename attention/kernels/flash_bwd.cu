@@ -6,7 +6,8 @@
 //
 // 1. flash_bwd_preprocess: per (b, h, i) D_i = rowsum(dO * O) in fp32 and lse2_i = lse_i * log2(e) (+inf for a
 //    row with no visible key, so that its P = 2^(s - lse2) is 0), written to [batch, heads, seq_pad] arrays whose
-//    padding rows (i >= seq_q) hold D = 0, lse2 = +inf; zeroes the fp32 dQ accumulator row.
+//    padding rows (i >= seq_q) hold D = 0, lse2 = +inf; zeroes the fp32 dQ accumulator row (and the n_counters
+//    arrival counters of flash_bwd_tma's dQ conversion).
 // 2. flash_bwd_dkdv: grid (KV tiles, kv_heads, batch). One CTA keeps a BLOCK_N-row K and V tile in shared memory
 //    and loops over the q heads of its GQA group and, per head, over the BLOCK_M-row query tiles that can see
 //    the KV tile (window/causal range, then segment-id tile ranges); Q, dO, lse2 and D stream through a
@@ -38,10 +39,12 @@ __global__ void flash_bwd_preprocess(const T* __restrict__ o, const T* __restric
                                      float* __restrict__ lse2, float* __restrict__ dsum, float* __restrict__ dq_accum,
                                      long long o_sb, long long o_ss, long long o_sh, long long do_sb, long long do_ss,
                                      long long do_sh, int batch, int seq_q, int seq_pad, int heads,
-                                     const int* __restrict__ cu_q) {
+                                     const int* __restrict__ cu_q, int* __restrict__ counters, int n_counters) {
     constexpr float LOG2E = 1.4426950408889634f;
     const int lane = threadIdx.x & 31;
     const long long row = (long long)blockIdx.x * (blockDim.x / 32) + (threadIdx.x >> 5);
+    // the dK/dV kernel's arrival counters (flash_bwd_tma's dQ conversion), zeroed before it runs
+    if ((long long)blockIdx.x * blockDim.x + threadIdx.x < n_counters) counters[blockIdx.x * blockDim.x + threadIdx.x] = 0;
     const int h = row % heads;
     // the row's lse2 / D index, its row in o and dout (offsets), in lse, and in the dQ accumulator; or padding
     long long at, o_off, do_off, lse_at, q_row;

@@ -151,6 +151,57 @@ __device__ __forceinline__ void store_dkdv_staged(const float (&dv_acc)[NT * 4],
     }
 }
 
+// dQ = T(scale * accumulator) in the dK/dV grid (dq_out not null; dense batches): the consumers of every CTA of
+// (batch b, kv head kvh), once their own reductions have completed (tg 0 of each consumer waited for them: the
+// writes are visible to it; a proxy fence hands them to generic loads, a fence orders them before the count),
+// count the CTA in counters[b kv_heads + kvh] (zeroed by the preprocess); the CTA that completes the count (every
+// KV tile of the group has added its dQ rows) converts the group's rows [b, :, kvh group .. + group, :] as
+// flash_bwd_dq_convert does (the same bits), 256 consumer threads with 8 float4 loads each in flight; `s_last` is
+// a shared int no other thread uses by then (no static shared memory: the largest tiles fill the opt-in limit). Saves the
+// conversion's launch where the group's rows are few (backward.DQ_CONVERT_IN_GRID_BYTES: a small problem's
+// backward is host time).
+template <typename T, int HEAD_DIM>
+__device__ __forceinline__ void convert_dq(const float* __restrict__ dq_accum, T* __restrict__ dq_out,
+                                           int* __restrict__ counters, int b, int kvh, int kv_heads, int kv_group,
+                                           int seq_q, int heads, float scale, int ct, int tg, int* s_last) {
+    if (tg == 0) {
+        asm volatile("fence.proxy.async.global;" ::: "memory");
+        __threadfence();
+    }
+    ws::bar_sync(1, 256);
+    if (ct == 0) {
+        const bool last = atomicAdd(counters + b * kv_heads + kvh, 1) == (int)gridDim.x - 1;
+        if (last) {
+            __threadfence();
+            asm volatile("fence.proxy.async.global;" ::: "memory");
+        }
+        *s_last = last;
+    }
+    ws::bar_sync(1, 256);
+    if (!*s_last) return;
+    const int quads = kv_group * HEAD_DIM / 4;  // a query row's float4s of the group's heads
+    const long long first = ((long long)b * seq_q * heads + (long long)kvh * kv_group) * (HEAD_DIM / 4);
+    const float4* acc = reinterpret_cast<const float4*>(dq_accum);
+    uint2* out = reinterpret_cast<uint2*>(dq_out);
+    const long long n = (long long)seq_q * quads, row = (long long)heads * HEAD_DIM / 4;
+    constexpr int U = 8;  // loads in flight per thread
+    for (long long i0 = ct; i0 < n; i0 += 256 * U) {
+        float4 x[U];
+#pragma unroll
+        for (int u = 0; u < U; ++u) {
+            const long long i = i0 + 256 * u;
+            if (i < n) x[u] = __ldcg(acc + first + (i / quads) * row + i % quads);
+        }
+#pragma unroll
+        for (int u = 0; u < U; ++u) {
+            const long long i = i0 + 256 * u;
+            if (i < n)
+                out[first + (i / quads) * row + i % quads] =
+                    make_uint2(pack2<T>(x[u].x * scale, x[u].y * scale), pack2<T>(x[u].z * scale, x[u].w * scale));
+        }
+    }
+}
+
 template <typename T, int HEAD_DIM, int BLOCK_M, int STAGES, int MASK, bool DQ>
 __global__ void __launch_bounds__(384, 1)
 flash_bwd_tma(const __grid_constant__ tma::TensorMap q_map, const __grid_constant__ tma::TensorMap k_map,
@@ -159,7 +210,8 @@ flash_bwd_tma(const __grid_constant__ tma::TensorMap q_map, const __grid_constan
               const float* __restrict__ dsum, T* __restrict__ dk, T* __restrict__ dv, const int* __restrict__ q_ids,
               const int* __restrict__ kv_ids, const int2* __restrict__ q_tile_ids,
               const int2* __restrict__ kv_tile_ids, int seq_q, int seq_kv, int seq_pad, int heads, int kv_group,
-              int window_left, int window_right, float scale_log2, float scale, int batch, int head_chunk) {
+              int window_left, int window_right, float scale_log2, float scale, int batch, int head_chunk,
+              const float* __restrict__ dq_accum, T* __restrict__ dq_out, int* __restrict__ counters) {
     constexpr int BLOCK_N = 128;
     constexpr int MT = BLOCK_M / 8;                      // 8-column (query) tiles of S^T
     constexpr int DT = HEAD_DIM / 8;                     // 8-column tiles of dK / dV
@@ -394,6 +446,9 @@ flash_bwd_tma(const __grid_constant__ tma::TensorMap q_map, const __grid_constan
                              (long long)kv_heads * HEAD_DIM, n0 + 64 * cw, seq_kv, scale, warp & 3, lane, tg, 2 + cw);
     if constexpr (DQ) {
         if (tg == 0) tma::store_wait_all();  // the staging boxes stay valid until the last reduction is done
+        if (dq_out != nullptr)  // the flag in the lse2 ring: every step's lse2 is read (the barrier above)
+            convert_dq<T, HEAD_DIM>(dq_accum, dq_out, counters, b, kvh, kv_heads, kv_group, seq_q, heads, scale,
+                                    tid - 128, tg, reinterpret_cast<int*>(smem + (sL - sK)));
     }
 }
 
