@@ -134,6 +134,26 @@ def test_fused_ffn_only_where_fewer_rows_than_experts():
             assert SkinnyDecode.planned(router, want) == want, (experts, tokens, router)  # and the router with them
 
 
+def test_fused_combine_bounds():
+    """The fused kernels run the layer's combine where the down-projection's column blocks fit their counters
+    (SkinnyFFN.MAX_COMBINE_BLOCKS, the kernel's SKINNY_MAX_COLS) and top_k the kernel's bound of 8; the counters
+    fit the zeroed buffer the layer hands them (SYNC_BYTES)."""
+    from types import SimpleNamespace
+
+    from moe.grouped_gemm import SkinnyFFN
+
+    def down(n, block_n):
+        return SimpleNamespace(problem=SimpleNamespace(n=n), config=SimpleNamespace(block_n=block_n))
+
+    limit = SkinnyFFN.MAX_COMBINE_BLOCKS
+    assert SkinnyFFN.combines(down(2048, 16), 8) and SkinnyFFN.combines(down(16 * limit, 16), 1)
+    assert not SkinnyFFN.combines(down(16 * limit + 8, 16), 2)  # one block more than there are counters
+    assert not SkinnyFFN.combines(down(2048, 16), 9)
+    source = SOURCE.read_text()
+    assert f"SKINNY_MAX_COLS = {limit}" in source and "SKINNY_COLS = 2 * SKINNY_MAX_GROUPS + 16" in source
+    assert SkinnyFFN.SYNC_BYTES == 4 * (2 * 512 + 16 + limit)
+
+
 def test_decode_sized_groups_take_skinny_tiles():
     spec = device.profile("h100")
     G = gemm_configs.GemmProblem
