@@ -118,6 +118,11 @@ class BackwardCall:
                                and Sq * (H // KVH) * D * 4 <= DQ_CONVERT_IN_GRID_BYTES)
             n_counters = B * KVH if self.dq_in_grid else 0
             self.ws_counters = ws.add(4 * n_counters) if n_counters else None
+            # and the preprocess too (flash_bwd_tma's backward_prologue): the backward in one launch, where the
+            # dK/dV grid's CTAs are all resident at once (one per SM), for its grid-wide barrier's two counters
+            self.one_launch = (self.dq_in_grid and ONE_LAUNCH
+                               and -(-Skv // cfg.block_n) * KVH * B <= spec.sm_count)
+            self.ws_grid = ws.add(8) if self.one_launch else None
             ids_cont = api.ids_contiguous(segment_ids) if mask & MASK_SEGMENTS else None
             self.ranges = [api.TileRanges(problem, bm, bn, ws, ids_cont) for bm, bn in
                            ((cfg.block_m, cfg.block_n), (cfg.dq_block_m, cfg.dq_block_n))[:1 + deterministic]
@@ -126,11 +131,12 @@ class BackwardCall:
 
             P = launch.Ptr  # 0 do, 1 q, 2 k, 3 v, 4 o, 5 lse, 6 dq, 7 dk, 8 dv, 9 lse2, 10 dsum, 11 dq accumulator,
             # 12 q ids, 13 kv ids (packed: cu_seqlens_q / _k), 14/15 q/kv tile ranges of the dK/dV kernel, 16/17
-            # those of the dQ kernel, 18 the dQ conversion's arrival counters (dq_in_grid)
+            # those of the dQ kernel, 18 the dQ conversion's arrival counters (dq_in_grid), 19 the grid barrier's
+            # (one_launch)
             st = {name: [np.int64(s) for s in api.batch_strides(x, varlen)]
                   for name, x in (("do", do), ("q", q), ("k", k), ("v", v), ("o", o))}
             pre = f"flash_bwd_preprocess<{ct},{D},{'true' if varlen else 'false'}>"
-            self.steps = [launch.Launcher(
+            self.steps = [] if self.one_launch else [launch.Launcher(
                 _compile.kernel(KERNEL_SOURCE, pre), ((lse_rows + 7) // 8,), (256,),
                 (P(4), P(0), P(5), P(9), P(10), P(11), *st["o"], *st["do"], np.int32(B), np.int32(Sq),
                  np.int32(seq_pad), np.int32(H), P(12), P(18) if n_counters else 0, np.int32(n_counters)))]
@@ -145,8 +151,11 @@ class BackwardCall:
                 maps = _tensor_maps(problem, cfg, [st[n] for n in ("q", "k", "v", "do")], deterministic)
                 args = (*maps, P(9), P(10), P(7), P(8), P(12), P(13), P(14), P(15), *tail[12:],
                         np.int32(head_chunk(problem, cfg, spec.sm_count)))
-                if not cfg.pair:  # the dQ accumulator, dq and the counters where dQ is converted in the grid
+                if not cfg.pair:  # the dQ accumulator, dq and the counters where dQ is converted in the grid;
+                    # o, dO, lse, their strides and the barrier's counters where the preprocess runs there too
                     args += (P(11), P(6), P(18)) if self.dq_in_grid else (0, 0, 0)
+                    args += ((P(4), P(0), P(5), *st["o"], *st["do"], P(19)) if self.one_launch
+                             else (0, 0, 0, *[np.int64(0)] * 6, 0))
             else:
                 args = (P(1), P(2), P(3), P(0), P(9), P(10), P(11), P(7), P(8), P(12), P(13), P(14), P(15), *tail)
             self.steps.append(launch.Launcher(
@@ -193,7 +202,9 @@ class BackwardCall:
             dq, dk, dv = new_dq(), new_dk(), new_dv()
         ptr = f.ptr
         plse, pdq, pdk, pdv = launch.pointer(lse), ptr(dq), ptr(dk), ptr(dv)  # lse: torch or CuPy
-        ws, pws = self.workspace.take(f, stream)
+        ws, pws, new = self.workspace.take_new(f, stream)
+        if new and self.one_launch:  # the grid barrier's counters start at zero (each launch leaves them so)
+            _memset(pws + self.ws_grid, 0, 8, stream)
         lse2, dsum = pws + self.ws_lse2, pws + self.ws_dsum
         accum = 0 if self.ws_accum is None else pws + self.ws_accum
         seg = [lse2] * 6  # unused by kernels without segments; any pointer will do
@@ -205,7 +216,8 @@ class BackwardCall:
             for i, r in enumerate(self.ranges):
                 seg[2 + 2 * i: 4 + 2 * i] = r.launch(stream, pws, ids)
         args = (pdo, pq, pk, pv, po, plse, pdq, pdk, pdv, lse2, dsum, accum, *seg,
-                0 if self.ws_counters is None else pws + self.ws_counters)
+                0 if self.ws_counters is None else pws + self.ws_counters,
+                0 if self.ws_grid is None else pws + self.ws_grid)
         for step in self.steps:
             step.launch(stream, args)
         return dq, dk, dv
@@ -248,6 +260,15 @@ def _contiguous(x) -> bool:
 # autograd's device thread, ~8 us a launch: docs/perf/engine.md, stop 56), for a conversion by one CTA per group
 # (256 threads, 8 float4 loads each in flight: 64 KiB in two trips through L2)
 DQ_CONVERT_IN_GRID_BYTES = 64 << 10
+# where dQ is converted in the grid and the grid fits the SMs at once, the preprocess runs in it too (a prologue
+# and a grid-wide barrier): the backward is one launch (False: two, the preprocess launched; A/B and tests)
+ONE_LAUNCH = True
+
+
+def _memset(ptr: int, value: int, nbytes: int, stream: int) -> None:
+    from cupy.cuda import runtime
+
+    runtime.memsetAsync(ptr, value, nbytes, stream)
 
 _BACKWARD = launch.Cache("attention.backward")
 

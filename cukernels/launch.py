@@ -530,13 +530,19 @@ class KeptWorkspace:
         self.kept = None  # (stream, thread, pointer, owner) of the last run
 
     def take(self, frame, stream: int):
+        return self.take_new(frame, stream)[:2]
+
+    def take_new(self, frame, stream: int):
+        """``take``, and whether the memory is new (not the kept memory of an earlier run): for scratch that a
+        call's kernels leave in a known state for the next (counters set back to zero), which new memory must
+        first be put in."""
         kept = self.kept
         if kept is not None and kept[0] == stream and kept[1] == _thread_id() and not frame.capturing(stream):
-            return kept[3], kept[2]
+            return kept[3], kept[2], False
         owner, ptr = frame.workspace(stream, self.nbytes)
         if self.nbytes <= self.keep_bytes and not frame.capturing(stream):
             self.kept = (stream, _thread_id(), ptr, owner)
-        return owner, ptr
+        return owner, ptr, True
 
 
 _thread_id = threading.get_ident

@@ -355,16 +355,18 @@ def test_kept_workspace_not_used_under_capture():
             checks.compare(g, r, tol=tol, naive=n, name=name).raise_if_failed()
 
 
-@pytest.mark.parametrize("in_grid", [True, False], ids=["in-grid", "launched"])
+@pytest.mark.parametrize("launches", [1, 2, 3])
 @pytest.mark.parametrize("case", [(1, 128, 128, 8, 8, 64, "bf16", {"causal": True}),
                                   (2, 60, 150, 8, 2, 64, "bf16", {"causal": True}),
                                   (3, 64, 64, 4, 4, 128, "fp16", {}),
                                   (2, 33, 200, 3, 1, 128, "bf16", {"window": (50, 3)})],
                          ids=["b1_s128_h8_d64", "b2_gqa4_d64", "b3_d128_fp16", "b2_mqa_window"])
-def test_dq_converted_in_the_dkdv_grid(case, in_grid):
-    """The dQ conversion by the dK/dV kernel's last CTA of each (batch, kv head) (flash_bwd_tma's convert_dq,
-    small groups: one launch fewer) against the reference, and the same problems with it launched; three calls
-    back to back on one stream with fresh inputs (the preprocess zeroes the arrival counters each call)."""
+def test_small_backward_in_one_and_two_launches(case, launches):
+    """A small problem's backward in one launch (flash_bwd_tma's prologue does the preprocess, a grid-wide barrier,
+    the last CTA of each (batch, kv head) converts dQ), in two (the preprocess launched) and in three (the
+    conversion launched too), against the reference: three calls back to back on one stream with fresh inputs
+    (the counters each launch leaves at zero), then a CuPy graph capture replayed on new inputs with a poisoned
+    output between eager calls."""
     import cupy
 
     from attention import backward as bw
@@ -375,9 +377,18 @@ def test_dq_converted_in_the_dkdv_grid(case, in_grid):
     if tma.available():
         pytest.skip(tma.available())
     batch, seq_q, seq_kv, heads, kv_heads, dim, dtype, opts = case
-    saved = bw.DQ_CONVERT_IN_GRID_BYTES
-    bw.DQ_CONVERT_IN_GRID_BYTES = saved if in_grid else 0
+    saved = bw.DQ_CONVERT_IN_GRID_BYTES, bw.ONE_LAUNCH
+    bw.DQ_CONVERT_IN_GRID_BYTES = saved[0] if launches < 3 else 0
+    bw.ONE_LAUNCH = launches == 1
     bw._BACKWARD.clear()
+    tol = checks.Tolerance(atol=ATOL[dtype], naive_factor=NAIVE_FACTOR)
+
+    def check(grads, q, k, v, do, o):
+        ref = attention_backward_reference(do, q, k, v, o=o, **opts)
+        naive = attention_backward_reference(do, q, k, v, o=o, round_to=dtype, **opts)
+        for g, r, n, name in zip(grads, ref, naive, ("dq", "dk", "dv")):
+            checks.compare(g, r, tol=tol, naive=n, name=name).raise_if_failed()
+
     try:
         stream = cupy.cuda.Stream(non_blocking=True)
         runs = []
@@ -389,14 +400,29 @@ def test_dq_converted_in_the_dkdv_grid(case, in_grid):
                 runs.append(((q, k, v, do, o), flash_attention_backward(do, q, k, v, o, lse, **opts)))
             call = _backward_call(q, k, v, do, o, lse, **opts) if not opts.get("window") else None
             if call is not None:
-                assert call.dq_in_grid == in_grid and len(call.steps) == (2 if in_grid else 3)
+                assert (call.dq_in_grid, call.one_launch, len(call.steps)) == (launches < 3, launches == 1, launches)
             stream.synchronize()
+            for (q, k, v, do, o), grads in runs:
+                check(grads, q, k, v, do, o)
+            # captured on fresh static inputs, replayed on new values, eager calls before and after
+            sq, sk, sv, sdo = (x.copy() for x in runs[0][0][:4])
+            so, slse = _o_lse(sq, sk, sv, dtype, **opts)
+            stream.synchronize()
+            stream.begin_capture()
+            graph_grads = flash_attention_backward(sdo, sq, sk, sv, so, slse, **opts)
+            graph = stream.end_capture()
+            for seed in (11, 12):
+                q, k, v, do = _inputs(batch, seq_q, seq_kv, heads, kv_heads, dim, dtype, seed=seed)
+                o, lse = _o_lse(q, k, v, dtype, **opts)
+                eager = flash_attention_backward(do, q, k, v, o, lse, **opts)
+                for dst, src in zip((sq, sk, sv, sdo, so, slse), (q, k, v, do, o, lse)):
+                    dst[...] = src
+                for g in graph_grads:
+                    checks.poison(g)
+                graph.launch()
+                stream.synchronize()
+                check(graph_grads, q, k, v, do, o)
+                check(eager, q, k, v, do, o)
     finally:
-        bw.DQ_CONVERT_IN_GRID_BYTES = saved
+        bw.DQ_CONVERT_IN_GRID_BYTES, bw.ONE_LAUNCH = saved
         bw._BACKWARD.clear()
-    tol = checks.Tolerance(atol=ATOL[dtype], naive_factor=NAIVE_FACTOR)
-    for (q, k, v, do, o), grads in runs:
-        ref = attention_backward_reference(do, q, k, v, o=o, **opts)
-        naive = attention_backward_reference(do, q, k, v, o=o, round_to=dtype, **opts)
-        for g, r, n, name in zip(grads, ref, naive, ("dq", "dk", "dv")):
-            checks.compare(g, r, tol=tol, naive=n, name=name).raise_if_failed()

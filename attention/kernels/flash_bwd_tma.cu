@@ -202,16 +202,61 @@ __device__ __forceinline__ void convert_dq(const float* __restrict__ dq_accum, T
     }
 }
 
+// The preprocess in the dK/dV grid (grid_sync not null: dense batches whose CTAs are all resident at once, as
+// BackwardCall plans it, with dQ converted in the grid): the grid's warps take the [batch, heads, seq_pad] rows in
+// turn (preprocess_row: D, lse2, the row's dQ accumulator zeroed) and zero the conversion's counters; then every CTA
+// waits for every other. The generic stores are handed to the async proxy (the producers' TMA loads of lse2 / D
+// and the consumers' TMA reductions read them) before a CTA counts itself in grid_sync[0] (fence, atomic add);
+// thread 0 waits until all CTAs have (an acquire load), and the last CTA past the wait (grid_sync[1]) sets both
+// counters back to zero for the next launch (the host zeroes them in a new workspace). Replaces the preprocess
+// launch where a backward's cost is the host's.
+template <typename T, int HEAD_DIM>
+__device__ __forceinline__ void backward_prologue(const T* __restrict__ o, const T* __restrict__ dout,
+                                                  const float* __restrict__ lse, float* lse2, float* dsum,
+                                                  float* dq_accum, int* counters, long long o_sb, long long o_ss,
+                                                  long long o_sh, long long do_sb, long long do_ss, long long do_sh,
+                                                  int batch, int seq_q, int seq_pad, int heads, int* grid_sync) {
+    const int ctas = gridDim.x * gridDim.y * gridDim.z;
+    const int cta = blockIdx.x + gridDim.x * (blockIdx.y + gridDim.y * blockIdx.z);
+    const int warps = blockDim.x / 32, lane = threadIdx.x & 31;
+    const long long rows = (long long)batch * heads * seq_pad;
+    for (long long row = (long long)cta * warps + (threadIdx.x >> 5); row < rows; row += (long long)ctas * warps) {
+        const int h = row % heads, i = (row / heads) % seq_pad;
+        const long long b = row / ((long long)heads * seq_pad), at = (b * heads + h) * seq_pad + i;
+        preprocess_row<T, HEAD_DIM>(i >= seq_q ? nullptr : o + b * o_sb + i * o_ss + h * o_sh,
+                                    dout + b * do_sb + i * do_ss + h * do_sh, lse + (b * heads + h) * seq_q + i,
+                                    lse2 + at, dsum + at, dq_accum + ((b * seq_q + i) * heads + h) * HEAD_DIM, lane);
+    }
+    for (int c = cta * blockDim.x + threadIdx.x; c < (int)(gridDim.y * gridDim.z); c += ctas * blockDim.x)
+        counters[c] = 0;
+    asm volatile("fence.proxy.async.global;" ::: "memory");
+    __threadfence();
+    __syncthreads();
+    if (threadIdx.x == 0) {
+        atomicAdd(grid_sync, 1);
+        int done;
+        do {
+            asm volatile("ld.acquire.gpu.global.s32 %0, [%1];\n" : "=r"(done) : "l"(grid_sync) : "memory");
+        } while (done < ctas);
+        if (atomicAdd(grid_sync + 1, 1) == ctas - 1) grid_sync[0] = grid_sync[1] = 0;  // every CTA is past it
+        asm volatile("fence.proxy.async.global;" ::: "memory");
+    }
+    __syncthreads();
+}
+
 template <typename T, int HEAD_DIM, int BLOCK_M, int STAGES, int MASK, bool DQ>
 __global__ void __launch_bounds__(384, 1)
 flash_bwd_tma(const __grid_constant__ tma::TensorMap q_map, const __grid_constant__ tma::TensorMap k_map,
               const __grid_constant__ tma::TensorMap v_map, const __grid_constant__ tma::TensorMap do_map,
-              const __grid_constant__ tma::TensorMap dq_map, const float* __restrict__ lse2,
-              const float* __restrict__ dsum, T* __restrict__ dk, T* __restrict__ dv, const int* __restrict__ q_ids,
+              const __grid_constant__ tma::TensorMap dq_map, float* __restrict__ lse2,
+              float* __restrict__ dsum, T* __restrict__ dk, T* __restrict__ dv, const int* __restrict__ q_ids,
               const int* __restrict__ kv_ids, const int2* __restrict__ q_tile_ids,
               const int2* __restrict__ kv_tile_ids, int seq_q, int seq_kv, int seq_pad, int heads, int kv_group,
               int window_left, int window_right, float scale_log2, float scale, int batch, int head_chunk,
-              const float* __restrict__ dq_accum, T* __restrict__ dq_out, int* __restrict__ counters) {
+              float* __restrict__ dq_accum, T* __restrict__ dq_out, int* __restrict__ counters,
+              const T* __restrict__ o, const T* __restrict__ dout, const float* __restrict__ lse, long long o_sb,
+              long long o_ss, long long o_sh, long long do_sb, long long do_ss, long long do_sh,
+              int* __restrict__ grid_sync) {
     constexpr int BLOCK_N = 128;
     constexpr int MT = BLOCK_M / 8;                      // 8-column (query) tiles of S^T
     constexpr int DT = HEAD_DIM / 8;                     // 8-column tiles of dK / dV
@@ -242,6 +287,10 @@ flash_bwd_tma(const __grid_constant__ tma::TensorMap q_map, const __grid_constan
     const int wg = wgmma::warpgroup();  // warp-uniform to the compiler: K's and V's descriptors in uniform registers
     if (tid == 0) init_ring<DQ>(q_map, k_map, v_map, do_map, dq_map, kv_bar, full, empty, STAGES);
     __syncthreads();
+    if constexpr (DQ && !VARLEN)
+        if (grid_sync != nullptr)  // the backward in one launch: the preprocess first, by the whole grid
+            backward_prologue<T, HEAD_DIM>(o, dout, lse, lse2, dsum, dq_accum, counters, o_sb, o_ss, o_sh, do_sb,
+                                           do_ss, do_sh, batch, seq_q, seq_pad, heads, grid_sync);
 
     // ---- the KV tile, its sequence (packed batches): each role works them out after taking its registers
     int b = blockIdx.z;
