@@ -23,7 +23,8 @@
 //    dK (times softmax scale) and dV are written once, in T, summed over the GQA group already: no workspace.
 //    Element masks run only on tiles that need them (kv boundary, window edges, mixed segments); query rows
 //    past seq_q need none (zero Q/dO, lse2 = +inf gives P = 0).
-// 3a. flash_bwd_dq_convert: dq = T(scale * accumulator).
+// 3a. flash_bwd_dq_convert: dq = T(scale * accumulator). (Small problems on sm_90a: flash_bwd_tma converts dQ in
+//    its grid and, where the grid fits the SMs, runs step 1 as its prologue: the backward in one launch.)
 // 3b. deterministic mode: flash_bwd_dkdv<..., DQ = false> and flash_bwd_dq, one CTA per (query tile, head,
 //    batch) looping over the visible KV tiles (forward-like; recomputes S and dP) and writing dq directly: no
 //    atomics anywhere, so results are bit-identical run to run.

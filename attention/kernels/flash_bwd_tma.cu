@@ -30,6 +30,9 @@
 //     group is in flight across its back edge: see the consumer loop.)
 // dK (times the softmax scale) and dV, summed over the group already, go out through the emptied Q/dO ring
 // (store_dkdv_staged: whole 128-byte lines instead of 16-byte pieces of eight rows per store).
+// Small problems (attention/backward.py: DQ_CONVERT_IN_GRID_BYTES, ONE_LAUNCH): the last CTA of each (batch, kv
+// head) converts that group's dQ rows (convert_dq), and where the grid fits the SMs the preprocess runs first in
+// this grid (backward_prologue, behind a grid-wide barrier): the backward in one launch.
 //
 // Shared memory (1024-byte aligned): K, V (BLOCK_N x HEAD_DIM), STAGES x Q, STAGES x dO (BLOCK_M x HEAD_DIM), with
 // DQ two dS^T tiles (BLOCK_N x BLOCK_M) and the dQ staging boxes (BLOCK_M x HEAD_DIM fp32), then STAGES x lse2 and
