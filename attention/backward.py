@@ -119,9 +119,12 @@ class BackwardCall:
             n_counters = B * KVH if self.dq_in_grid else 0
             self.ws_counters = ws.add(4 * n_counters) if n_counters else None
             # and the preprocess too (flash_bwd_tma's backward_prologue): the backward in one launch, where the
-            # dK/dV grid's CTAs are all resident at once (one per SM), for its grid-wide barrier's two counters
-            self.one_launch = (self.dq_in_grid and ONE_LAUNCH
-                               and -(-Skv // cfg.block_n) * KVH * B <= spec.sm_count)
+            # dK/dV grid's CTAs are all resident at once (the occupancy the device reports), for its grid-wide
+            # barrier's two counters
+            dkdv = _compile.kernel(KERNEL_SOURCE.parent / cfg.source,
+                                   cfg.name_expression(dtype=dtype, mask=mask, dq=not deterministic))
+            self.one_launch = (self.dq_in_grid and ONE_LAUNCH and -(-Skv // cfg.block_n) * KVH * B
+                               <= dkdv.blocks_per_sm(32 * cfg.warps, cfg.dkdv_smem_bytes()) * spec.sm_count)
             self.ws_grid = ws.add(8) if self.one_launch else None
             ids_cont = api.ids_contiguous(segment_ids) if mask & MASK_SEGMENTS else None
             self.ranges = [api.TileRanges(problem, bm, bn, ws, ids_cont) for bm, bn in
@@ -145,8 +148,6 @@ class BackwardCall:
             tail = (*st["q"], *st["k"], *st["v"], *st["do"], np.int32(Sq), np.int32(Skv), np.int32(seq_pad),
                     np.int32(H), np.int32(H // KVH), np.int32(left), np.int32(right),
                     np.float32(scale * math.log2(math.e)), np.float32(scale), np.int32(B))
-            dkdv = _compile.kernel(KERNEL_SOURCE.parent / cfg.source,
-                                   cfg.name_expression(dtype=dtype, mask=mask, dq=not deterministic))
             if isinstance(cfg, BwdTmaConfig):  # q, k, v, dO and the dQ accumulator as tensor maps, no strides
                 maps = _tensor_maps(problem, cfg, [st[n] for n in ("q", "k", "v", "do")], deterministic)
                 args = (*maps, P(9), P(10), P(7), P(8), P(12), P(13), P(14), P(15), *tail[12:],
