@@ -123,8 +123,10 @@ class BackwardCall:
             # barrier's two counters
             dkdv = _compile.kernel(KERNEL_SOURCE.parent / cfg.source,
                                    cfg.name_expression(dtype=dtype, mask=mask, dq=not deterministic))
-            self.one_launch = (self.dq_in_grid and ONE_LAUNCH and -(-Skv // cfg.block_n) * KVH * B
-                               <= dkdv.blocks_per_sm(32 * cfg.warps, cfg.dkdv_smem_bytes()) * spec.sm_count)
+            ctas = -(-Skv // cfg.block_n) * KVH * B
+            self.one_launch = (self.dq_in_grid and ONE_LAUNCH
+                               and ctas <= dkdv.blocks_per_sm(32 * cfg.warps, cfg.dkdv_smem_bytes()) * spec.sm_count
+                               and B * H * Sq <= ctas * cfg.warps * (256 // D) * PROLOGUE_ROWS_IN_FLIGHT)
             self.ws_grid = ws.add(8) if self.one_launch else None
             ids_cont = api.ids_contiguous(segment_ids) if mask & MASK_SEGMENTS else None
             self.ranges = [api.TileRanges(problem, bm, bn, ws, ids_cont) for bm, bn in
@@ -138,42 +140,54 @@ class BackwardCall:
             # (one_launch)
             st = {name: [np.int64(s) for s in api.batch_strides(x, varlen)]
                   for name, x in (("do", do), ("q", q), ("k", k), ("v", v), ("o", o))}
-            pre = f"flash_bwd_preprocess<{ct},{D},{'true' if varlen else 'false'}>"
-            self.steps = [] if self.one_launch else [launch.Launcher(
-                _compile.kernel(KERNEL_SOURCE, pre), ((lse_rows + 7) // 8,), (256,),
-                (P(4), P(0), P(5), P(9), P(10), P(11), *st["o"], *st["do"], np.int32(B), np.int32(Sq),
-                 np.int32(seq_pad), np.int32(H), P(12), P(18) if n_counters else 0, np.int32(n_counters)))]
+            pre = _compile.kernel(KERNEL_SOURCE, f"flash_bwd_preprocess<{ct},{D},{'true' if varlen else 'false'}>")
             left, right = problem.window_bounds()
             scale = 1.0 / math.sqrt(D) if softmax_scale is None else float(softmax_scale)
             tail = (*st["q"], *st["k"], *st["v"], *st["do"], np.int32(Sq), np.int32(Skv), np.int32(seq_pad),
                     np.int32(H), np.int32(H // KVH), np.int32(left), np.int32(right),
                     np.float32(scale * math.log2(math.e)), np.float32(scale), np.int32(B))
-            if isinstance(cfg, BwdTmaConfig):  # q, k, v, dO and the dQ accumulator as tensor maps, no strides
-                maps = _tensor_maps(problem, cfg, [st[n] for n in ("q", "k", "v", "do")], deterministic)
-                args = (*maps, P(9), P(10), P(7), P(8), P(12), P(13), P(14), P(15), *tail[12:],
-                        np.int32(head_chunk(problem, cfg, spec.sm_count)))
-                if not cfg.pair:  # the dQ accumulator, dq and the counters where dQ is converted in the grid;
-                    # o, dO, lse, their strides and the barrier's counters where the preprocess runs there too
-                    args += (P(11), P(6), P(18)) if self.dq_in_grid else (0, 0, 0)
-                    args += ((P(4), P(0), P(5), *st["o"], *st["do"], P(19)) if self.one_launch
-                             else (0, 0, 0, *[np.int64(0)] * 6, 0))
-            else:
-                args = (P(1), P(2), P(3), P(0), P(9), P(10), P(11), P(7), P(8), P(12), P(13), P(14), P(15), *tail)
-            self.steps.append(launch.Launcher(
-                dkdv, (problem.kv_tiles(cfg.block_n), KVH, 1) if varlen else (-(-Skv // cfg.block_n), KVH, B),
-                (32 * cfg.warps,), args, smem=cfg.dkdv_smem_bytes()))
-            if deterministic:
-                dqk = _compile.kernel(KERNEL_SOURCE, cfg.name_expression(dtype=dtype, mask=mask, kernel="dq"))
-                self.steps.append(launch.Launcher(
-                    dqk, (problem.query_tiles(cfg.dq_block_m), H, 1) if varlen else (-(-Sq // cfg.dq_block_m), H, B),
-                    (32 * cfg.dq_warps,),
-                    (P(1), P(2), P(3), P(0), P(9), P(10), P(6), P(12), P(13), P(16), P(17), *tail),
-                    smem=cfg.dq_smem_bytes()))
-            elif not self.dq_in_grid:
-                quads = q_rows * H * D // 4  # head dims are multiples of 64
-                conv = _compile.kernel(KERNEL_SOURCE, f"flash_bwd_dq_convert<{ct}>")
-                self.steps.append(launch.Launcher(conv, (min(-(-quads // 256), 32 * spec.sm_count),), (256,),
-                                                  (P(11), P(6), np.int64(quads), np.float32(scale))))
+
+            def plan_steps(in_grid: bool, one: bool) -> list:
+                """The launches: [preprocess], dK/dV (+ dQ), [dQ kernel or conversion]; ``in_grid``: dQ converted
+                by the dK/dV grid, ``one``: the preprocess there too."""
+                steps = [] if one else [launch.Launcher(
+                    pre, ((lse_rows + 7) // 8,), (256,),
+                    (P(4), P(0), P(5), P(9), P(10), P(11), *st["o"], *st["do"], np.int32(B), np.int32(Sq),
+                     np.int32(seq_pad), np.int32(H), P(12), P(18) if in_grid else 0,
+                     np.int32(n_counters if in_grid else 0)))]
+                if isinstance(cfg, BwdTmaConfig):  # q, k, v, dO and the dQ accumulator as tensor maps, no strides
+                    maps = _tensor_maps(problem, cfg, [st[n] for n in ("q", "k", "v", "do")], deterministic)
+                    args = (*maps, P(9), P(10), P(7), P(8), P(12), P(13), P(14), P(15), *tail[12:],
+                            np.int32(head_chunk(problem, cfg, spec.sm_count)))
+                    if not cfg.pair:  # the dQ accumulator, dq and the counters where dQ is converted in the grid;
+                        # o, dO, lse, their strides and the barrier's counters where the preprocess runs there too
+                        args += (P(11), P(6), P(18)) if in_grid else (0, 0, 0)
+                        args += (P(4), P(0), P(5), *st["o"], *st["do"], P(19)) if one else (0, 0, 0, *[_I0] * 6, 0)
+                else:
+                    args = (P(1), P(2), P(3), P(0), P(9), P(10), P(11), P(7), P(8), P(12), P(13), P(14), P(15),
+                            *tail)
+                steps.append(launch.Launcher(
+                    dkdv, (problem.kv_tiles(cfg.block_n), KVH, 1) if varlen else (-(-Skv // cfg.block_n), KVH, B),
+                    (32 * cfg.warps,), args, smem=cfg.dkdv_smem_bytes()))
+                if deterministic:
+                    dqk = _compile.kernel(KERNEL_SOURCE, cfg.name_expression(dtype=dtype, mask=mask, kernel="dq"))
+                    steps.append(launch.Launcher(
+                        dqk, (problem.query_tiles(cfg.dq_block_m), H, 1) if varlen
+                        else (-(-Sq // cfg.dq_block_m), H, B), (32 * cfg.dq_warps,),
+                        (P(1), P(2), P(3), P(0), P(9), P(10), P(6), P(12), P(13), P(16), P(17), *tail),
+                        smem=cfg.dq_smem_bytes()))
+                elif not in_grid:
+                    quads = q_rows * H * D // 4  # head dims are multiples of 64
+                    conv = _compile.kernel(KERNEL_SOURCE, f"flash_bwd_dq_convert<{ct}>")
+                    steps.append(launch.Launcher(conv, (min(-(-quads // 256), 32 * spec.sm_count),), (256,),
+                                                 (P(11), P(6), np.int64(quads), np.float32(scale))))
+                return steps
+
+            # eager calls: the fewest launches (a small problem's backward is host time); calls captured into a
+            # graph, whose replays cost no host time: the plan of least device time (the preprocess and the dQ
+            # conversion as launches of their own, wide grids: H100, docs/perf/engine.md stop 56)
+            self.steps = plan_steps(self.dq_in_grid, self.one_launch)
+            self.graph_steps = plan_steps(False, False) if self.dq_in_grid else self.steps
         self.new_grads = tuple(self.frame.allocator(shape, self.dtype) for shape in self.shapes)
         # torch q, k, v contiguous (their signature, part of this call's key, says so for every later call): the
         # gradients may be made like them, torch.empty_like of the tensor instead of torch.empty of shape, dtype
@@ -204,8 +218,12 @@ class BackwardCall:
         ptr = f.ptr
         plse, pdq, pdk, pdv = launch.pointer(lse), ptr(dq), ptr(dk), ptr(dv)  # lse: torch or CuPy
         ws, pws, new = self.workspace.take_new(f, stream)
-        if new and self.one_launch:  # the grid barrier's counters start at zero (each launch leaves them so)
-            _memset(pws + self.ws_grid, 0, 8, stream)
+        steps = self.steps
+        if new and self.dq_in_grid:  # (a capture always takes new memory)
+            if f.capturing(stream):
+                steps = self.graph_steps
+            elif self.one_launch:  # the grid barrier's counters start at zero (each launch leaves them so)
+                _memset(pws + self.ws_grid, 0, 8, stream)
         lse2, dsum = pws + self.ws_lse2, pws + self.ws_dsum
         accum = 0 if self.ws_accum is None else pws + self.ws_accum
         seg = [lse2] * 6  # unused by kernels without segments; any pointer will do
@@ -219,7 +237,7 @@ class BackwardCall:
         args = (pdo, pq, pk, pv, po, plse, pdq, pdk, pdv, lse2, dsum, accum, *seg,
                 0 if self.ws_counters is None else pws + self.ws_counters,
                 0 if self.ws_grid is None else pws + self.ws_grid)
-        for step in self.steps:
+        for step in steps:
             step.launch(stream, args)
         return dq, dk, dv
 
@@ -264,6 +282,11 @@ DQ_CONVERT_IN_GRID_BYTES = 64 << 10
 # where dQ is converted in the grid and the grid fits the SMs at once, the preprocess runs in it too (a prologue
 # and a grid-wide barrier): the backward is one launch (False: two, the preprocess launched; A/B and tests)
 ONE_LAUNCH = True
+# ... where the grid's warps take every query row in one pass (backward_prologue: 256 / head_dim rows a warp at a
+# time, this many times over before it waits on a load; the padding rows past seq_q load nothing): a longer
+# prologue costs more device time than the launch it saves (H100: B2 S60 8/2 heads d64, 4 CTAs for 960 rows, as
+# called 39.8 against 32.5 us in three launches)
+PROLOGUE_ROWS_IN_FLIGHT = 4  # U in backward_prologue
 
 
 def _memset(ptr: int, value: int, nbytes: int, stream: int) -> None:
@@ -271,6 +294,7 @@ def _memset(ptr: int, value: int, nbytes: int, stream: int) -> None:
 
     runtime.memsetAsync(ptr, value, nbytes, stream)
 
+_I0 = np.int64(0)
 _BACKWARD = launch.Cache("attention.backward")
 
 

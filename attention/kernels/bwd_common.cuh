@@ -58,46 +58,6 @@ __device__ __forceinline__ float2 unpack2(unsigned u) {
 
 __device__ __forceinline__ float pos_inf() { return __int_as_float(0x7f800000); }
 
-// One query row of the backward's preprocess, by one warp: D = rowsum(dO * O) in fp32 and lse2 = lse * log2(e)
-// (+inf where lse is -inf: a row with no visible key) into dsum_at / lse2_at, and the row's HEAD_DIM fp32 dQ
-// accumulator zeroed (acc_row; null: none); a padding row (orow null) gets D = 0, lse2 = +inf. Used by
-// flash_bwd_preprocess and by flash_bwd_tma's prologue (the backward in one launch).
-template <typename T, int HEAD_DIM>
-__device__ __forceinline__ void preprocess_row(const T* __restrict__ orow, const T* __restrict__ drow,
-                                               const float* lse_at, float* lse2_at, float* dsum_at, float* acc_row,
-                                               int lane) {
-    constexpr float LOG2E = 1.4426950408889634f;
-    if (orow == nullptr) {
-        if (lane == 0) {
-            *dsum_at = 0.f;
-            *lse2_at = pos_inf();
-        }
-        return;
-    }
-    float acc = 0.f;
-    for (int c = lane; c < HEAD_DIM / 8; c += 32) {
-        const uint4 a = *reinterpret_cast<const uint4*>(orow + c * 8);
-        const uint4 d = *reinterpret_cast<const uint4*>(drow + c * 8);
-        const unsigned av[4] = {a.x, a.y, a.z, a.w}, dv[4] = {d.x, d.y, d.z, d.w};
-#pragma unroll
-        for (int j = 0; j < 4; ++j) {
-            const float2 x = unpack2<T>(av[j]), y = unpack2<T>(dv[j]);
-            acc = fmaf(x.x, y.x, fmaf(x.y, y.y, acc));
-        }
-    }
-#pragma unroll
-    for (int off = 16; off > 0; off >>= 1) acc += __shfl_xor_sync(0xffffffffu, acc, off);
-    if (lane == 0) {
-        *dsum_at = acc;
-        const float l = *lse_at;
-        *lse2_at = l == neg_inf() ? pos_inf() : l * LOG2E;
-    }
-    if (acc_row != nullptr) {
-        float4* dst = reinterpret_cast<float4*>(acc_row);
-        for (int c = lane; c < HEAD_DIM / 4; c += 32) dst[c] = make_float4(0.f, 0.f, 0.f, 0.f);
-    }
-}
-
 // The (KV tile, kv head) of this dK/dV CTA, grid (KV tiles, kv heads, batch): consecutive CTAs walk the kv
 // heads before the KV tiles, so under a causal mask the heaviest CTAs (tile 0 sees every query tile) start in
 // the first wave for every head instead of one head's light tiles filling it (longest job first).

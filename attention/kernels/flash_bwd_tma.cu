@@ -157,12 +157,12 @@ __device__ __forceinline__ void store_dkdv_staged(const float (&dv_acc)[NT * 4],
 // dQ = T(scale * accumulator) in the dK/dV grid (dq_out not null; dense batches): the consumers of every CTA of
 // (batch b, kv head kvh), once their own reductions have completed (tg 0 of each consumer waited for them: the
 // writes are visible to it; a proxy fence hands them to generic loads, a fence orders them before the count),
-// count the CTA in counters[b kv_heads + kvh] (zeroed by the preprocess); the CTA that completes the count (every
-// KV tile of the group has added its dQ rows) converts the group's rows [b, :, kvh group .. + group, :] as
-// flash_bwd_dq_convert does (the same bits), 256 consumer threads with 8 float4 loads each in flight; `s_last` is
-// a shared int no other thread uses by then (no static shared memory: the largest tiles fill the opt-in limit). Saves the
-// conversion's launch where the group's rows are few (backward.DQ_CONVERT_IN_GRID_BYTES: a small problem's
-// backward is host time).
+// count the CTA in counters[b kv_heads + kvh] (zeroed by the preprocess or the prologue); the CTA that completes the
+// count (every KV tile of the group has added its dQ rows) converts the group's rows [b, :, kvh group .. + group, :]
+// as flash_bwd_dq_convert does (the same bits), 256 consumer threads with 8 float4 loads each in flight; `s_last`
+// is a shared int no other thread uses by then (no static shared memory: the largest tiles fill the opt-in limit).
+// Saves the conversion's launch where the group's rows are few (backward.DQ_CONVERT_IN_GRID_BYTES: a small
+// problem's backward is host time).
 template <typename T, int HEAD_DIM>
 __device__ __forceinline__ void convert_dq(const float* __restrict__ dq_accum, T* __restrict__ dq_out,
                                            int* __restrict__ counters, int b, int kvh, int kv_heads, int kv_group,
@@ -206,29 +206,81 @@ __device__ __forceinline__ void convert_dq(const float* __restrict__ dq_accum, T
 }
 
 // The preprocess in the dK/dV grid (grid_sync not null: dense batches whose CTAs are all resident at once, as
-// BackwardCall plans it, with dQ converted in the grid): the grid's warps take the [batch, heads, seq_pad] rows in
-// turn (preprocess_row: D, lse2, the row's dQ accumulator zeroed) and zero the conversion's counters; then every CTA
-// waits for every other. The generic stores are handed to the async proxy (the producers' TMA loads of lse2 / D
-// and the consumers' TMA reductions read them) before a CTA counts itself in grid_sync[0] (fence, atomic add);
-// thread 0 waits until all CTAs have (an acquire load), and the last CTA past the wait (grid_sync[1]) sets both
-// counters back to zero for the next launch (the host zeroes them in a new workspace). Replaces the preprocess
-// launch where a backward's cost is the host's.
+// BackwardCall plans it, with dQ converted in the grid): the grid's warps take the query rows in turn (as
+// flash_bwd_preprocess: D, lse2, the row's dQ accumulator zeroed), its threads the padding rows of lse2 / D, and they
+// zero the conversion's counters; then every CTA waits for every other. The generic stores are handed to the
+// async proxy (the producers' TMA loads of lse2 / D and the consumers' TMA reductions read them) before a CTA
+// counts itself in grid_sync[0] (fence, atomic add); thread 0 waits until all CTAs have (an acquire load), and the
+// last CTA past the wait (grid_sync[1]) sets both counters back to zero for the next launch (the host zeroes them
+// in a new workspace). Replaces the preprocess launch where a backward's cost is the host's.
 template <typename T, int HEAD_DIM>
 __device__ __forceinline__ void backward_prologue(const T* __restrict__ o, const T* __restrict__ dout,
                                                   const float* __restrict__ lse, float* lse2, float* dsum,
                                                   float* dq_accum, int* counters, long long o_sb, long long o_ss,
                                                   long long o_sh, long long do_sb, long long do_ss, long long do_sh,
                                                   int batch, int seq_q, int seq_pad, int heads, int* grid_sync) {
+    constexpr float LOG2E = 1.4426950408889634f;
+    // lanes per row (16 bytes each), rows per warp; U: backward.PROLOGUE_ROWS_IN_FLIGHT
+    constexpr int LPR = HEAD_DIM / 8, RPW = 32 / LPR, U = 4;
     const int ctas = gridDim.x * gridDim.y * gridDim.z;
     const int cta = blockIdx.x + gridDim.x * (blockIdx.y + gridDim.y * blockIdx.z);
-    const int warps = blockDim.x / 32, lane = threadIdx.x & 31;
-    const long long rows = (long long)batch * heads * seq_pad;
-    for (long long row = (long long)cta * warps + (threadIdx.x >> 5); row < rows; row += (long long)ctas * warps) {
-        const int h = row % heads, i = (row / heads) % seq_pad;
-        const long long b = row / ((long long)heads * seq_pad), at = (b * heads + h) * seq_pad + i;
-        preprocess_row<T, HEAD_DIM>(i >= seq_q ? nullptr : o + b * o_sb + i * o_ss + h * o_sh,
-                                    dout + b * do_sb + i * do_ss + h * do_sh, lse + (b * heads + h) * seq_q + i,
-                                    lse2 + at, dsum + at, dq_accum + ((b * seq_q + i) * heads + h) * HEAD_DIM, lane);
+    const int lane = threadIdx.x & 31, sub = lane / LPR, c = lane % LPR;
+    const long long nwarps = (long long)ctas * (blockDim.x / 32), rows = (long long)batch * heads * seq_q;
+    // a warp takes RPW query rows at a time, U times over before it waits on any load: latency-bound otherwise (the
+    // dK/dV grid of a small problem is a few CTAs). Per row as flash_bwd_preprocess: each lane's fp32 dot of its 8
+    // columns, then a butterfly over the row's LPR lanes (the same sums: the preprocess's 32-lane butterfly adds
+    // the idle lanes' zeros first)
+    for (long long r0 = ((long long)cta * (blockDim.x / 32) + (threadIdx.x >> 5)) * RPW; r0 < rows;
+         r0 += nwarps * RPW * U) {
+        uint4 a[U], d[U];
+        float l[U];
+        long long at[U], acc_at[U];
+        bool live[U];
+#pragma unroll
+        for (int u = 0; u < U; ++u) {
+            const long long row = r0 + u * nwarps * RPW + sub;  // (b, i, h) over the query rows
+            live[u] = row < rows;
+            const int h = live[u] ? row % heads : 0, i = live[u] ? (row / heads) % seq_q : 0;
+            const long long b = live[u] ? row / ((long long)heads * seq_q) : 0;
+            at[u] = (b * heads + h) * seq_pad + i;
+            acc_at[u] = ((b * seq_q + i) * heads + h) * HEAD_DIM;
+            if (live[u]) {
+                a[u] = *reinterpret_cast<const uint4*>(o + b * o_sb + i * o_ss + h * o_sh + 8 * c);
+                d[u] = *reinterpret_cast<const uint4*>(dout + b * do_sb + i * do_ss + h * do_sh + 8 * c);
+                l[u] = lse[(b * heads + h) * seq_q + i];
+            } else {
+                a[u] = d[u] = make_uint4(0u, 0u, 0u, 0u);
+                l[u] = 0.f;
+            }
+        }
+#pragma unroll
+        for (int u = 0; u < U; ++u) {
+            const unsigned av[4] = {a[u].x, a[u].y, a[u].z, a[u].w}, dv[4] = {d[u].x, d[u].y, d[u].z, d[u].w};
+            float acc = 0.f;
+#pragma unroll
+            for (int j = 0; j < 4; ++j) {
+                const float2 x = unpack2<T>(av[j]), y = unpack2<T>(dv[j]);
+                acc = fmaf(x.x, y.x, fmaf(x.y, y.y, acc));
+            }
+#pragma unroll
+            for (int off = LPR / 2; off > 0; off >>= 1) acc += __shfl_xor_sync(0xffffffffu, acc, off);
+            if (live[u]) {
+                if (c == 0) {
+                    dsum[at[u]] = acc;
+                    lse2[at[u]] = l[u] == neg_inf() ? pos_inf() : l[u] * LOG2E;
+                }
+                float4* dst = reinterpret_cast<float4*>(dq_accum + acc_at[u]);  // two float4 per lane
+                dst[c] = dst[c + LPR] = make_float4(0.f, 0.f, 0.f, 0.f);
+            }
+        }
+    }
+    // the padding rows (seq_q <= i < seq_pad): D = 0, lse2 = +inf, one thread each
+    const int tail = seq_pad - seq_q;
+    for (long long p = (long long)cta * blockDim.x + threadIdx.x; p < (long long)batch * heads * tail;
+         p += (long long)ctas * blockDim.x) {
+        const long long h = p % heads, i = seq_q + (p / heads) % tail, b = p / ((long long)heads * tail);
+        dsum[(b * heads + h) * seq_pad + i] = 0.f;
+        lse2[(b * heads + h) * seq_pad + i] = pos_inf();
     }
     for (int c = cta * blockDim.x + threadIdx.x; c < (int)(gridDim.y * gridDim.z); c += ctas * blockDim.x)
         counters[c] = 0;
