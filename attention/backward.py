@@ -294,7 +294,8 @@ def _memset(ptr: int, value: int, nbytes: int, stream: int) -> None:
 
     runtime.memsetAsync(ptr, value, nbytes, stream)
 
-_I0 = np.int64(0)
+
+_I0 = np.int64(0)  # a null int64 argument (the unused strides of the one-launch prologue)
 _BACKWARD = launch.Cache("attention.backward")
 
 
