@@ -125,7 +125,7 @@ class BackwardCall:
                                    cfg.name_expression(dtype=dtype, mask=mask, dq=not deterministic))
             ctas = -(-Skv // cfg.block_n) * KVH * B
             self.one_launch = (self.dq_in_grid and ONE_LAUNCH
-                               and ctas <= dkdv.blocks_per_sm(32 * cfg.warps, cfg.dkdv_smem_bytes()) * spec.sm_count
+                               and dkdv.resident_grid(ctas, 32 * cfg.warps, cfg.dkdv_smem_bytes()) == ctas
                                and B * H * Sq <= ctas * cfg.warps * (256 // D) * PROLOGUE_ROWS_IN_FLIGHT)
             self.ws_grid = ws.add(8) if self.one_launch else None
             ids_cont = api.ids_contiguous(segment_ids) if mask & MASK_SEGMENTS else None

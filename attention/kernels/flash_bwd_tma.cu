@@ -39,6 +39,7 @@
 // D (BLOCK_M floats), then the barriers: kv_bar, full[STAGES], empty[STAGES].
 #include "bwd_sm90.cuh"
 #include "tma.cuh"
+#include "grid_sync.cuh"  // wait_count: the one-launch prologue's grid-wide barrier
 
 using namespace attn;
 
@@ -289,10 +290,7 @@ __device__ __forceinline__ void backward_prologue(const T* __restrict__ o, const
     __syncthreads();
     if (threadIdx.x == 0) {
         atomicAdd(grid_sync, 1);
-        int done;
-        do {
-            asm volatile("ld.acquire.gpu.global.s32 %0, [%1];\n" : "=r"(done) : "l"(grid_sync) : "memory");
-        } while (done < ctas);
+        wait_count(grid_sync, ctas);
         if (atomicAdd(grid_sync + 1, 1) == ctas - 1) grid_sync[0] = grid_sync[1] = 0;  // every CTA is past it
         asm volatile("fence.proxy.async.global;" ::: "memory");
     }

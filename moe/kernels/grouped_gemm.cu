@@ -31,6 +31,7 @@
 #include "wgmma.cuh"
 #include "tma.cuh"
 #include "pdl.cuh"
+#include "grid_sync.cuh"  // wait_count: the fused kernels' counters
 #include "topk.cuh"  // the decode layer kernel's routing (moe_route's, per token)
 
 constexpr int EPI_NONE = 0, EPI_SWIGLU = 1, EPI_GELU = 2;
@@ -1289,17 +1290,7 @@ moe_grouped_gemm_skinny(const T* __restrict__ a, const T* __restrict__ b, TO* __
 // every up item comes before every down item, so the lowest unfinished item never waits. The down items'
 // completions count in sync[SKINNY_MAX_GROUPS + s]; the last of a slot sets both counters back to zero, so the
 // next launch finds them zeroed (the caller zeroes the buffer once). Saves the second launch and its ramp: the
-// down items of the first groups stream while the up items of the last ones finish.
-//
-// wait_count: one thread spins until the counter at p reaches target. An acquire load: what the counting
-// threads wrote before their fence and atomic add is visible to this CTA after its next barrier. For counters
-// of CTAs of the same grid only, all resident at once (the persistent grids here).
-__device__ __forceinline__ void wait_count(const int* p, int target) {
-    int done;
-    do {
-        asm volatile("ld.acquire.gpu.global.s32 %0, [%1];\n" : "=r"(done) : "l"(p) : "memory");
-    } while (done < target);
-}
+// down items of the first groups stream while the up items of the last ones finish. (wait_count: grid_sync.cuh.)
 
 // The fused FFN's counters (moe.grouped_gemm.SkinnyFFN.SYNC_BYTES): per group slot its up items stored, per group
 // slot its down items past their wait, the ticket and its CTA count, the decode kernel's router barrier; then
