@@ -385,15 +385,22 @@ class ForwardCall:
                 smem=cfg.smem_bytes(), pdl=isinstance(cfg, FwdTmaConfig))  # flash_fwd_tma waits (pdl.cuh)
         self.new_o = self.frame.allocator(self.o_shape, self.dtype)
         self.new_lse = self.frame.allocator(self.lse_shape, "fp32")
+        # a contiguous torch q has o's shape, dtype and layout (its signature, part of this call's key, says so
+        # for every later call): o is then made by torch.empty_like(q), cheaper than torch.empty of shape, dtype
+        # and device (the backward's gradients likewise, backward.BackwardCall.grads_like)
+        self.o_like_q = (self.frame.torch and not problem.varlen and tuple(q.shape) == self.o_shape
+                         and q.is_contiguous())
 
-    def __call__(self, pq: int, pk: int, pv: int, segment_ids):
+    def __call__(self, pq: int, pk: int, pv: int, segment_ids, q=None):
+        """``q``: the query tensor itself (o is then made like it where ``o_like_q``), or None."""
         if (pq | pk | pv) & 15:
             launch.check_aligned(("q", "k", "v"), (pq, pk, pv))
         if launch.current_device() != self.device:
-            return launch.on_device(self.device, self, pq, pk, pv, segment_ids)
+            return launch.on_device(self.device, self, pq, pk, pv, segment_ids, q)
         f = self.frame
         stream = f.stream()
-        o, lse = self.new_o(), self.new_lse()
+        o = f.empty_like(q) if q is not None and self.o_like_q else self.new_o()
+        lse = self.new_lse()
         po, plse = f.ptr(o), f.ptr(lse)
         if self.varlen:  # segment_ids: the (cu_seqlens_q, cu_seqlens_k) pointers
             self.main.launch(stream, (pq, pk, pv, po, plse, segment_ids[0], segment_ids[1], plse, plse))
@@ -444,7 +451,7 @@ def forward_keyed(q, k, v, causal, window, segment_ids, softmax_scale, plan=None
             problem = validate(q, k, v, causal=causal, window=window, segment_ids=segment_ids,
                                softmax_scale=softmax_scale)
             call = _FORWARD.put(key, ForwardCall(q, k, v, problem, None, softmax_scale, segment_ids))
-        o, lse = call(vq[1], vk[1], vv[1], segment_ids)
+        o, lse = call(vq[1], vk[1], vv[1], segment_ids, q)
         return o, lse, call
     problem = validate(q, k, v, causal=causal, window=window, segment_ids=segment_ids, softmax_scale=softmax_scale)
     call = ForwardCall(q, k, v, problem, plan, softmax_scale, segment_ids)

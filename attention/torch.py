@@ -130,20 +130,22 @@ flash_attention_forward.register_autograd(_op_backward, setup_context=_setup_con
 
 
 class _FlashAttention(torch.autograd.Function):
-    # the options ride in one tuple (causal, window, softmax_scale, deterministic): each argument of an
-    # autograd.Function costs host time on the way in and a returned None on the way back
+    # q, k, v and one tuple (causal, window, softmax_scale, deterministic, segment_ids): each argument of an
+    # autograd.Function costs host time on the way in and a returned None on the way back; segment ids take no
+    # gradient, so they ride in the tuple. lse is neither an input nor an output: it is kept on ctx, not saved
+    # (a saved tensor costs its packing here and its unpacking in the backward; lse is never modified in place)
     @staticmethod
-    def forward(ctx, q, k, v, segment_ids, options):
-        causal, window, softmax_scale, _ = options
+    def forward(ctx, q, k, v, options):
+        causal, window, softmax_scale, _, segment_ids = options
         o, lse, key = forward_keyed(q, k, v, causal, window, segment_ids, softmax_scale)
-        ctx.save_for_backward(q, k, v, o, lse)
-        ctx.options = (key, segment_ids, options)
+        ctx.save_for_backward(q, k, v, o)
+        ctx.state = (key, lse, options)
         return o
 
     @staticmethod
     def backward(ctx, do):
-        q, k, v, o, lse = ctx.saved_tensors
-        key, segment_ids, (causal, window, softmax_scale, deterministic) = ctx.options
+        q, k, v, o = ctx.saved_tensors
+        key, lse, (causal, window, softmax_scale, deterministic, segment_ids) = ctx.state
         if do.is_contiguous():  # the strides are multiples of head_dim, aligned; autograd gives o's shape, device
             like_o = do.dtype is o.dtype
         else:
@@ -151,7 +153,7 @@ class _FlashAttention(torch.autograd.Function):
         dq, dk, dv = backward_keyed(key, do, q, k, v, o, lse, causal=causal, window=window,
                                     segment_ids=segment_ids, softmax_scale=softmax_scale,
                                     deterministic=deterministic, do_like_o=like_o)
-        return dq, dk, dv, None, None
+        return dq, dk, dv, None
 
 
 _compiling = torch.compiler.is_compiling
@@ -170,9 +172,12 @@ def flash_attention(q, k, v, *, causal=False, window=None, segment_ids=None, sof
             None if softmax_scale is None else float(softmax_scale), deterministic)
         return o
     if _functorch_active():
-        return _FlashAttention.apply(q, k, v, segment_ids, (causal, window, softmax_scale, deterministic))
-    return _apply(_unwrap_if_dead(q), _unwrap_if_dead(k), _unwrap_if_dead(v), _unwrap_if_dead(segment_ids),
-                  (causal, window, softmax_scale, deterministic))
+        return _FlashAttention.apply(q, k, v, (causal, window, softmax_scale, deterministic, segment_ids))
+    if segment_ids is not None:
+        segment_ids = (tuple(map(_unwrap_if_dead, segment_ids)) if isinstance(segment_ids, (tuple, list))
+                       else _unwrap_if_dead(segment_ids))
+    return _apply(_unwrap_if_dead(q), _unwrap_if_dead(k), _unwrap_if_dead(v),
+                  (causal, window, softmax_scale, deterministic, segment_ids))
 
 
 # ---------------------------------------------------------------- packed variable-length batches (varlen.py)

@@ -219,9 +219,10 @@ def test_autograd_matches_the_float64_reference():
         assert err < 5e-3, err
 
 
+@pytest.mark.parametrize("kv_heads", [2, 4], ids=["gqa", "mha"])
 @pytest.mark.parametrize("q_layout", ["contiguous", "transposed view"])
 @pytest.mark.parametrize("do_layout", ["contiguous", "strided"])
-def test_autograd_backward_equals_the_validated_backward(q_layout, do_layout):
+def test_autograd_backward_equals_the_validated_backward(q_layout, do_layout, kv_heads):
     """The autograd backward's shortcuts (a contiguous dO keyed by the forward alone; gradients made by
     empty_like of contiguous q, k, v) give the same gradients, bit for bit (deterministic dQ), in the same shapes
     and contiguous layout, as the fully validated ``flash_attention_backward``, on fresh inputs each time."""
@@ -230,7 +231,7 @@ def test_autograd_backward_equals_the_validated_backward(q_layout, do_layout):
     import attention.torch as at
 
     for seed in (41, 42):
-        q, k, v = _qkv_torch(2, 80, 4, 2, 64, seed=seed)
+        q, k, v = _qkv_torch(2, 80, 4, kv_heads, 64, seed=seed)
         if q_layout == "transposed view":  # [batch, heads, seq, dim] storage seen as [batch, seq, heads, dim]
             q = q.transpose(1, 2).contiguous().transpose(1, 2)
         q, k, v = (x.requires_grad_() for x in (q, k, v))
@@ -246,6 +247,34 @@ def test_autograd_backward_equals_the_validated_backward(q_layout, do_layout):
         for g, r, x in zip((dq, dk, dv), ref, (q, k, v)):
             assert g.shape == x.shape and g.is_contiguous() and g.dtype == x.dtype
             assert torch.equal(g, r)
+
+
+@pytest.mark.parametrize("kv_heads", [1, 4], ids=["mqa", "mha"])
+def test_autograd_gradients_accumulate_into_leaves(kv_heads):
+    """``.backward()`` twice into the leaves' ``.grad`` (autograd keeps the gradients it is handed, then adds into
+    them): twice the gradients of one ``autograd.grad``; and two chained ops (the first one's o is the second's q)
+    give the gradients of the two taken one at a time, dK and dV summed over both."""
+    torch = _torch()
+    import attention.torch as at
+
+    q, k, v = _qkv_torch(1, 64, 4, kv_heads, 64, seed=51, requires_grad=True)
+    do = torch.randn(q.shape, device="cuda", dtype=q.dtype)
+    once = torch.autograd.grad(at.flash_attention(q, k, v, causal=True, deterministic=True), (q, k, v), do)
+    for _ in range(2):
+        at.flash_attention(q, k, v, causal=True, deterministic=True).backward(do)
+    for x, g in zip((q, k, v), once):
+        assert x.grad.shape == x.shape and x.grad.dtype == x.dtype
+        assert torch.equal(x.grad, g + g)
+    x = q.detach().clone().requires_grad_()
+    chained = torch.autograd.grad(at.flash_attention(at.flash_attention(x, k, v, causal=True, deterministic=True),
+                                                     k, v, causal=True, deterministic=True), (x, k, v), do)
+    o1 = at.flash_attention(x, k, v, causal=True, deterministic=True)
+    mid = o1.detach().requires_grad_()
+    d_mid, dk2, dv2 = torch.autograd.grad(at.flash_attention(mid, k, v, causal=True, deterministic=True),
+                                          (mid, k, v), do)
+    dx, dk1, dv1 = torch.autograd.grad(o1, (x, k, v), d_mid.clone())
+    assert torch.equal(chained[0], dx)
+    assert torch.equal(chained[1], dk1 + dk2) and torch.equal(chained[2], dv1 + dv2)
 
 
 _FRESH_PROCESS = """
