@@ -217,13 +217,12 @@ class BackwardCall:
             dq, dk, dv = new_dq(), new_dk(), new_dv()
         ptr = f.ptr
         plse, pdq, pdk, pdv = launch.pointer(lse), ptr(dq), ptr(dk), ptr(dv)  # lse: torch or CuPy
-        ws, pws, new = self.workspace.take_new(f, stream)
+        ws, pws, new, captured = self.workspace.take_new(f, stream)
         steps = self.steps
-        if new and self.dq_in_grid:  # (a capture always takes new memory)
-            if f.capturing(stream):
-                steps = self.graph_steps
-            elif self.one_launch:  # the grid barrier's counters start at zero (each launch leaves them so)
-                _memset(pws + self.ws_grid, 0, 8, stream)
+        if captured:
+            steps = self.graph_steps
+        elif new and self.one_launch:  # the grid barrier's counters start at zero (each launch leaves them so)
+            _memset(pws + self.ws_grid, 0, 8, stream)
         lse2, dsum = pws + self.ws_lse2, pws + self.ws_dsum
         accum = 0 if self.ws_accum is None else pws + self.ws_accum
         seg = [lse2] * 6  # unused by kernels without segments; any pointer will do

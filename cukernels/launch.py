@@ -533,16 +533,17 @@ class KeptWorkspace:
         return self.take_new(frame, stream)[:2]
 
     def take_new(self, frame, stream: int):
-        """``take``, and whether the memory is new (not the kept memory of an earlier run): for scratch that a
-        call's kernels leave in a known state for the next (counters set back to zero), which new memory must
-        first be put in."""
+        """``take``, whether the memory is new (not the kept memory of an earlier run: for scratch that a call's
+        kernels leave in a known state for the next, counters set back to zero, which new memory must first be
+        put in), and whether ``stream`` is being captured (then the memory is new); the stream is asked once."""
+        captured = frame.capturing(stream)
         kept = self.kept
-        if kept is not None and kept[0] == stream and kept[1] == _thread_id() and not frame.capturing(stream):
-            return kept[3], kept[2], False
+        if not captured and kept is not None and kept[0] == stream and kept[1] == _thread_id():
+            return kept[3], kept[2], False, False
         owner, ptr = frame.workspace(stream, self.nbytes)
-        if self.nbytes <= self.keep_bytes and not frame.capturing(stream):
+        if self.nbytes <= self.keep_bytes and not captured:
             self.kept = (stream, _thread_id(), ptr, owner)
-        return owner, ptr, True
+        return owner, ptr, True, captured
 
 
 _thread_id = threading.get_ident

@@ -395,6 +395,8 @@ def test_kept_workspace_reused_only_on_its_stream_and_thread_and_never_under_cap
     kept = ws.kept
     captured = ws.take(f, 9)
     assert f.allocated == 5 and ws.kept == kept and captured[1] != kept[2]  # under capture: fresh, never kept
+    assert ws.take_new(f, 9)[2:] == (True, True) and ws.take_new(f, 10)[2:] == (True, False)  # (new, captured)
+    assert ws.take_new(f, 10)[2:] == (False, False)  # kept
     big, fb = launch.KeptWorkspace(launch.KeptWorkspace.KEEP_BYTES + 1), _FakeFrame()
     big.take(fb, 7)
     big.take(fb, 7)

@@ -58,6 +58,24 @@ __device__ __forceinline__ float2 unpack2(unsigned u) {
 
 __device__ __forceinline__ float pos_inf() { return __int_as_float(0x7f800000); }
 
+// The preprocess's per-row math (flash_bwd_preprocess, and flash_bwd_tma's backward_prologue, which must give the
+// same bits): acc plus the fp32 products of 8 columns of o and dO (one 16-byte load of each), in pairs; and the
+// row's lse in log2 units, +inf for a row that saw no key (lse = -inf).
+template <typename T>
+__device__ __forceinline__ float dot8(uint4 a, uint4 d, float acc) {
+    const unsigned av[4] = {a.x, a.y, a.z, a.w}, dv[4] = {d.x, d.y, d.z, d.w};
+#pragma unroll
+    for (int j = 0; j < 4; ++j) {
+        const float2 x = unpack2<T>(av[j]), y = unpack2<T>(dv[j]);
+        acc = fmaf(x.x, y.x, fmaf(x.y, y.y, acc));
+    }
+    return acc;
+}
+__device__ __forceinline__ float lse_to_lse2(float lse) {
+    constexpr float LOG2E = 1.4426950408889634f;
+    return lse == neg_inf() ? pos_inf() : lse * LOG2E;
+}
+
 // The (KV tile, kv head) of this dK/dV CTA, grid (KV tiles, kv heads, batch): consecutive CTAs walk the kv
 // heads before the KV tiles, so under a causal mask the heaviest CTAs (tile 0 sees every query tile) start in
 // the first wave for every head instead of one head's light tiles filling it (longest job first).

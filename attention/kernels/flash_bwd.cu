@@ -41,7 +41,6 @@ __global__ void flash_bwd_preprocess(const T* __restrict__ o, const T* __restric
                                      long long o_sb, long long o_ss, long long o_sh, long long do_sb, long long do_ss,
                                      long long do_sh, int batch, int seq_q, int seq_pad, int heads,
                                      const int* __restrict__ cu_q, int* __restrict__ counters, int n_counters) {
-    constexpr float LOG2E = 1.4426950408889634f;
     const int lane = threadIdx.x & 31;
     const long long row = (long long)blockIdx.x * (blockDim.x / 32) + (threadIdx.x >> 5);
     // the dK/dV kernel's arrival counters (flash_bwd_tma's dQ conversion), zeroed before it runs
@@ -87,22 +86,14 @@ __global__ void flash_bwd_preprocess(const T* __restrict__ o, const T* __restric
     const T* orow = o + o_off + h * o_sh;
     const T* drow = dout + do_off + h * do_sh;
     float acc = 0.f;
-    for (int c = lane; c < HEAD_DIM / 8; c += 32) {
-        const uint4 a = *reinterpret_cast<const uint4*>(orow + c * 8);
-        const uint4 d = *reinterpret_cast<const uint4*>(drow + c * 8);
-        const unsigned av[4] = {a.x, a.y, a.z, a.w}, dv[4] = {d.x, d.y, d.z, d.w};
-#pragma unroll
-        for (int j = 0; j < 4; ++j) {
-            const float2 x = unpack2<T>(av[j]), y = unpack2<T>(dv[j]);
-            acc = fmaf(x.x, y.x, fmaf(x.y, y.y, acc));
-        }
-    }
+    for (int c = lane; c < HEAD_DIM / 8; c += 32)
+        acc = dot8<T>(*reinterpret_cast<const uint4*>(orow + c * 8), *reinterpret_cast<const uint4*>(drow + c * 8),
+                      acc);
 #pragma unroll
     for (int off = 16; off > 0; off >>= 1) acc += __shfl_xor_sync(0xffffffffu, acc, off);
     if (lane == 0) {
         dsum[at] = acc;
-        const float l = lse[lse_at];
-        lse2[at] = l == neg_inf() ? pos_inf() : l * LOG2E;
+        lse2[at] = lse_to_lse2(lse[lse_at]);
     }
     if (dq_accum != nullptr) {
         float4* dst = reinterpret_cast<float4*>(dq_accum + (q_row * heads + h) * HEAD_DIM);

@@ -220,7 +220,6 @@ __device__ __forceinline__ void backward_prologue(const T* __restrict__ o, const
                                                   float* dq_accum, int* counters, long long o_sb, long long o_ss,
                                                   long long o_sh, long long do_sb, long long do_ss, long long do_sh,
                                                   int batch, int seq_q, int seq_pad, int heads, int* grid_sync) {
-    constexpr float LOG2E = 1.4426950408889634f;
     // lanes per row (16 bytes each), rows per warp; U: backward.PROLOGUE_ROWS_IN_FLIGHT
     constexpr int LPR = HEAD_DIM / 8, RPW = 32 / LPR, U = 4;
     const int ctas = gridDim.x * gridDim.y * gridDim.z;
@@ -256,19 +255,13 @@ __device__ __forceinline__ void backward_prologue(const T* __restrict__ o, const
         }
 #pragma unroll
         for (int u = 0; u < U; ++u) {
-            const unsigned av[4] = {a[u].x, a[u].y, a[u].z, a[u].w}, dv[4] = {d[u].x, d[u].y, d[u].z, d[u].w};
-            float acc = 0.f;
-#pragma unroll
-            for (int j = 0; j < 4; ++j) {
-                const float2 x = unpack2<T>(av[j]), y = unpack2<T>(dv[j]);
-                acc = fmaf(x.x, y.x, fmaf(x.y, y.y, acc));
-            }
+            float acc = dot8<T>(a[u], d[u], 0.f);
 #pragma unroll
             for (int off = LPR / 2; off > 0; off >>= 1) acc += __shfl_xor_sync(0xffffffffu, acc, off);
             if (live[u]) {
                 if (c == 0) {
                     dsum[at[u]] = acc;
-                    lse2[at[u]] = l[u] == neg_inf() ? pos_inf() : l[u] * LOG2E;
+                    lse2[at[u]] = lse_to_lse2(l[u]);
                 }
                 float4* dst = reinterpret_cast<float4*>(dq_accum + acc_at[u]);  // two float4 per lane
                 dst[c] = dst[c + LPR] = make_float4(0.f, 0.f, 0.f, 0.f);
