@@ -41,6 +41,12 @@ def fwd_timeline_tool():
 
 
 @pytest.fixture(scope="session")
+def decode_timeline_tool():
+    """tools/decode_timeline.py: summarize() of the decode layer kernel's per-CTA stamps."""
+    return _tool("decode_timeline")
+
+
+@pytest.fixture(scope="session")
 def layer_ab_tool():
     """tools/layer_ab.py: parse_variant(), parse_case()."""
     return _tool("layer_ab")

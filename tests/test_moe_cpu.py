@@ -252,6 +252,8 @@ def test_layer_ab_parses_variants_and_cases(layer_ab_tool):
     assert name == "cap" and sets == [("moe.gemm_configs", "SKINNY_MAX_ITEM_BYTES", 1048576),
                                       ("moe.layer", "FUSED_DECODE", False)]
     assert layer_ab_tool.parse_variant("base") == ("base", [])
+    assert layer_ab_tool.parse_variant("nx:-DSKINNY_NEXT_PREFETCH=3,moe.layer.FUSED_DECODE=False") == (
+        "nx", [("define", "-DSKINNY_NEXT_PREFETCH=3", None), ("moe.layer", "FUSED_DECODE", False)])
     assert layer_ab_tool.parse_case("seed004:4") == layer_ab_tool.parse_case("decode_seed004_T4") == "decode_seed004_T4"
     for bad in ("x:FLAG=1", "x:moe.layer.FUSED_DECODE"):
         with pytest.raises(SystemExit, match="--variant"):
@@ -285,3 +287,19 @@ def test_layer_ab_forces_expert_gemm_tiles(layer_ab_tool):
         assert plan(down, spec).config == real(down, spec).config
         assert plan(router, spec).config == real(router, spec).config
     assert gemm_configs.plan is real
+
+
+def test_decode_timeline_summary_of_stamps(decode_timeline_tool):
+    """tools/decode_timeline.py's analysis on made-up stamps: 3 stamped CTAs on 2 SMs (a fourth row never ran),
+    each phase's percentiles in us from the first start, the span to the last exit, the items per CTA."""
+    tool = decode_timeline_tool
+    raw = np.zeros((4, 16), dtype=np.uint64)
+    for cta, (t0, sm, ups, downs) in enumerate(((1000, 1, 2, 3), (1000, 2, 3, 4), (2000, 2, 3, 4))):
+        raw[cta, :9] = [t0 + 1000 * i for i in range(9)]  # a stamp per us: start, ..., exit
+        raw[cta, 12:16] = [t0 + 3500, t0 + 3600, t0 + 3700, t0 + 3800]
+        raw[cta, 9:12] = (sm, ups, downs)
+    got = tool.summarize(raw)
+    assert got["ctas"] == 3 and got["sms"] == 2 and got["span_us"] == 9.0
+    assert got["start"]["max"] == 1.0 and got["exit"][50] == 8.0 and got["exit"]["max"] == 9.0
+    assert got["counts zeroed"][50] == 3.5 and got["slots sorted"]["max"] == 4.8
+    assert got["up items per CTA"] == {"2": 1, "3": 2} and got["down items per CTA"] == {"3": 1, "4": 2}

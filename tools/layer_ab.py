@@ -6,7 +6,8 @@
 
 A variant is ``NAME[:module.attr=value[,module.attr=value...]]`` (values are Python literals; the first variant is
 the reference, usually the tree's plan with no assignment); ``up=BM/PW/KS`` / ``down=BM/PW/KS`` force the expert
-GEMMs' skinny tiles (block_m, weight rows per warp, K split; the fused decode kernels take them too). Each case
+GEMMs' skinny tiles (block_m, weight rows per warp, K split; the fused decode kernels take them too); ``-DMACRO=V``
+builds the MoE package's kernels with that preprocessor definition (kernel variants behind an ``#if``). Each case
 plans the suite's layer once per variant (the assignments applied, the planner's and the layer's caches cleared),
 records its plan (the expert GEMMs' tiles, whether the layer runs as one decode launch), compares its output with
 the reference variant's (rel L2 and bitwise) and over two calls (bitwise), then times every variant in ``--rounds``
@@ -38,6 +39,9 @@ def parse_variant(text: str) -> tuple[str, list[tuple[str, str, object]]]:
     name, _, body = text.partition(":")
     sets = []
     for item in filter(None, body.split(",")):
+        if item.startswith("-D"):  # a preprocessor definition for the MoE kernels' builds
+            sets.append(("define", item.strip(), None))
+            continue
         target, eq, value = (part.strip() for part in item.partition("="))
         if eq and target in ("up", "down"):
             parts = value.split("/")
@@ -99,9 +103,18 @@ def main(argv=None) -> int:
     plan_cache = importlib.import_module("moe.launch")._plan
     gemm_configs = importlib.import_module("moe.gemm_configs")
     saved = {(m, a): getattr(importlib.import_module(m), a) for sets in variants.values() for m, a, _ in sets
-             if m != "tile"}
+             if m not in ("tile", "define")}
     forced = {name: {kind: skinny_tile(spec) for m, kind, spec in sets if m == "tile"}
               for name, sets in variants.items()}
+    defines = {name: tuple(a for m, a, _ in sets if m == "define") for name, sets in variants.items()}
+    moe_launch = importlib.import_module("moe.launch")
+    plain_kernel = moe_launch._kernel
+    from cukernels import compile as _compile
+
+    def kernel_with(options):
+        def kernel(dev, source, name):  # (moe.launch's compile hook, keyed like it)
+            return _compile.kernel(source, name, options=options)
+        return kernel
     tiles = contextlib.ExitStack()  # the current variant's forced tiles (gemm_configs.expert_gemms_planned_as)
 
     def configure(name):
@@ -109,8 +122,9 @@ def main(argv=None) -> int:
         for (m, a), v in saved.items():  # back to the tree's values, then this variant's
             setattr(importlib.import_module(m), a, v)
         for m, a, v in variants[name]:
-            if m != "tile":
+            if m not in ("tile", "define"):
                 setattr(importlib.import_module(m), a, v)
+        moe_launch._kernel = kernel_with(defines[name]) if defines[name] else plain_kernel
         if forced[name]:
             tiles.enter_context(gemm_configs.expert_gemms_planned_as(**forced[name]))
         plan_cache.cache_clear()
@@ -162,6 +176,7 @@ def main(argv=None) -> int:
             print(json.dumps(row), flush=True)
     finally:  # the tree's values and planner back, and no plan made under a variant left in the caches
         tiles.close()
+        moe_launch._kernel = plain_kernel
         for (m, a), v in saved.items():
             setattr(importlib.import_module(m), a, v)
         plan_cache.cache_clear()

@@ -54,17 +54,10 @@ using namespace attn;
 // fwd_timeline[cta][slot], each slot once (the host zeroes it first; a persistent CTA's stamps are its first tile's):
 // 0 the CTA starts, 1 its Q has landed, 2 its first K, 3 its last P V is done, 4 its O is stored, 5 the SM it ran on.
 #ifdef FWD_TIMELINE
+#include "timeline.cuh"
 __device__ unsigned long long fwd_timeline[FWD_TIMELINE][8];
-__device__ __forceinline__ unsigned long long fwd_now() {
-    unsigned long long t;
-    asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
-    return t;
-}
-__device__ __forceinline__ unsigned long long fwd_smid() {
-    unsigned s;
-    asm volatile("mov.u32 %0, %%smid;" : "=r"(s));
-    return s;
-}
+__device__ __forceinline__ unsigned long long fwd_now() { return global_timer_ns(); }
+__device__ __forceinline__ unsigned long long fwd_smid() { return sm_id(); }
 #define FWD_STAMP(slot, value)                                                                                    \
     do {                                                                                                          \
         const unsigned cta_ = blockIdx.x + gridDim.x * (blockIdx.y + gridDim.y * blockIdx.z);                     \

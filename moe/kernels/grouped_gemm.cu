@@ -1278,6 +1278,27 @@ moe_grouped_gemm_skinny(const T* __restrict__ a, const T* __restrict__ b, TO* __
                                                           item % n_blocks, N, K, a_index, a_div, partial);
 }
 
+// DECODE_TIMELINE=N (a probe, tools/decode_timeline.py; never defined in the engine's builds, whose SASS it leaves
+// untouched): thread 0 of each of the first N CTAs of moe_decode_skinny writes global-timer stamps into
+// decode_timeline[cta][slot] (the host zeroes it first): 0 start, 1 past pdl::enter, 2 its router items done,
+// 3 past the router barrier, 4 routing done (before the prefetch), 5 its up items done, 6 its first down item past
+// its wait, 7 its down items done, 8 exit; 9 the SM, 10 its up items, 11 its down items; within the routing: 12 the
+// counts zeroed, 13 the tokens' choices made, 14 the offsets scanned, 15 the slots sorted.
+#ifdef DECODE_TIMELINE
+#include "timeline.cuh"
+__device__ unsigned long long decode_timeline[DECODE_TIMELINE][16];
+#define DECODE_STAMP(slot, value)                                                         \
+    do {                                                                                  \
+        if (threadIdx.x == 0 && blockIdx.x < DECODE_TIMELINE) decode_timeline[blockIdx.x][slot] = (value); \
+    } while (0)
+#define DECODE_NOW() global_timer_ns()
+#else
+#define DECODE_STAMP(slot, value) \
+    do {                          \
+    } while (0)
+#define DECODE_NOW() 0ull
+#endif
+
 // ---------------------------------------------------------------- the decode-sized expert FFN in one launch
 //
 // moe_ffn_skinny: the up-projection (SwiGLU, token rows gathered through a_index) and the down-projection (row
@@ -1364,10 +1385,16 @@ __device__ __forceinline__ void ffn_items(const T* __restrict__ x, const T* __re
     constexpr int BN1 = 16 * MI1 * WN1, BN2 = 16 * MI2 * WN2;
     const int nb1 = (n_up + BN1 - 1) / BN1, nb2 = (hidden + BN2 - 1) / BN2;
     const int items1 = listed * nb1, items = items1 + listed * nb2;
+#ifdef DECODE_TIMELINE
+    unsigned long long n_up_items = 0, n_down_items = 0;
+#endif
     for (int item = blockIdx.x; item < items1; item += gridDim.x) {
         const int slot = item / nb1;
         skinny_item<T, T, BM, MI1, WN1, KS1, U, EPI_SWIGLU, false>(x, w_up, h, offsets, nullptr, groups[slot],
                                                                   item % nb1, n_up, hidden, a_index, a_div, partial);
+#ifdef DECODE_TIMELINE
+        ++n_up_items;
+#endif
         if (threadIdx.x == 0) {  // h's columns of this item are stored (the item ended with __syncthreads)
             __threadfence();
             atomicAdd(sync + slot, 1);
@@ -1377,6 +1404,7 @@ __device__ __forceinline__ void ffn_items(const T* __restrict__ x, const T* __re
     // closing barrier (two slots: the one written next turn was read before this turn's barriers)
     int* ticket = sync + 2 * SKINNY_MAX_GROUPS;  // [0] down items handed out, [1] CTAs done
     __shared__ int s_next[2], s_combine;  // s_combine: the column block this CTA combines next (-1: none)
+    DECODE_STAMP(5, DECODE_NOW());
     if (threadIdx.x == 0) s_next[0] = items1 + atomicAdd(ticket, 1);
     if (threadIdx.x == 32) s_combine = -1;
     __syncthreads();
@@ -1385,6 +1413,9 @@ __device__ __forceinline__ void ffn_items(const T* __restrict__ x, const T* __re
         if (threadIdx.x == 0) s_next[turn ^ 1] = items1 + atomicAdd(ticket, 1);
         const int j = item - items1, slot = j / nb2, nb = j % nb2;
         if (threadIdx.x == 0) wait_count(sync + slot, nb1);
+#ifdef DECODE_TIMELINE
+        if (n_down_items++ == 0) DECODE_STAMP(6, DECODE_NOW());
+#endif
         __syncthreads();
         if (out != nullptr && s_combine >= 0)  // the block the last item completed (its count was read meanwhile)
             combine_columns<T, BN2>(y, out, inv, tokens, top_k, hidden, s_combine * BN2);
@@ -1407,12 +1438,18 @@ __device__ __forceinline__ void ffn_items(const T* __restrict__ x, const T* __re
         }
         item = s_next[turn ^ 1];
     }
+    DECODE_STAMP(7, DECODE_NOW());
     if (out != nullptr) {
         __syncthreads();
         if (s_combine >= 0) combine_columns<T, BN2>(y, out, inv, tokens, top_k, hidden, s_combine * BN2);
     }
+#ifdef DECODE_TIMELINE
+    DECODE_STAMP(10, n_up_items);
+    DECODE_STAMP(11, n_down_items);
+#endif
     // the last CTA out sets the ticket and its own count back to zero (every CTA has taken its last ticket)
     if (threadIdx.x == 0 && atomicAdd(ticket + 1, 1) == gridDim.x - 1) ticket[0] = ticket[1] = 0;
+    DECODE_STAMP(8, DECODE_NOW());
 }
 
 template <typename T, int BM, int MI1, int WN1, int KS1, int MI2, int WN2, int KS2, int U>
@@ -1484,7 +1521,12 @@ moe_decode_skinny(const T* __restrict__ x, const T* __restrict__ w_router, float
     const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
     const int slots = tokens * top_k;
 
+    DECODE_STAMP(0, DECODE_NOW());
     pdl::enter();  // x may be the previous kernel's output
+    DECODE_STAMP(1, DECODE_NOW());
+#ifdef DECODE_TIMELINE
+    DECODE_STAMP(9, sm_id() + 1ull);
+#endif
     const int nbr = (experts + BNR - 1) / BNR;
     if (tid == 0) s_off[0] = 0, s_off[1] = tokens;
     __syncthreads();
@@ -1496,12 +1538,15 @@ moe_decode_skinny(const T* __restrict__ x, const T* __restrict__ w_router, float
             atomicAdd(barrier, 1);
         }
     }
+    DECODE_STAMP(2, DECODE_NOW());
     if (tid == 0) {
         wait_count(barrier, nbr);
+        DECODE_STAMP(3, DECODE_NOW());
         if (atomicAdd(barrier + 1, 1) == gridDim.x - 1) barrier[0] = barrier[1] = 0;  // every CTA is past it
     }
     for (int e = tid; e < experts; e += blockDim.x) s_cnt[e] = 0;
     __syncthreads();
+    DECODE_STAMP(12, DECODE_NOW());
 
     for (int t = warp; t < tokens; t += blockDim.x / 32) {  // moe_route's choice and weight (softmax, renormalised)
         float v[EPL];
@@ -1521,6 +1566,7 @@ moe_decode_skinny(const T* __restrict__ x, const T* __restrict__ w_router, float
         }
     }
     __syncthreads();
+    DECODE_STAMP(13, DECODE_NOW());
     if (warp == 0) {  // exclusive scan of the counts: lane l holds experts [PER l, PER (l + 1))
         constexpr int PER = SKINNY_MAX_GROUPS / 32;
         int run = 0;
@@ -1542,6 +1588,7 @@ moe_decode_skinny(const T* __restrict__ x, const T* __restrict__ w_router, float
         if (lane == 31 && experts == SKINNY_MAX_GROUPS) s_off[SKINNY_MAX_GROUPS] = off;
     }
     __syncthreads();
+    DECODE_STAMP(14, DECODE_NOW());
     for (int s = tid; s < slots; s += blockDim.x) {  // stable: a slot's row follows the lower slots of its expert
         const int e = s_exp[s];
         int rank = 0;
@@ -1552,8 +1599,10 @@ moe_decode_skinny(const T* __restrict__ x, const T* __restrict__ w_router, float
         s_inv[s] = r;
         if (blockIdx.x == 0) inverse[s] = r;
     }
+    DECODE_STAMP(15, DECODE_NOW());
     const int listed = skinny_list_groups(s_cnt, s_off, experts, groups, groups + SKINNY_MAX_GROUPS);
     const int nb1 = (n_up + BN1 - 1) / BN1;
+    DECODE_STAMP(4, DECODE_NOW());
     skinny_prefetch<T, BN1>(w_up, groups, listed * nb1, nb1, n_up, hidden, early);
     ffn_items<T, BM, MI1, WN1, KS1, MI2, WN2, KS2, U>(x, w_up, h, w_down, y, s_off, s_rw, s_slot, top_k, groups,
                                                       listed, n_up, hidden, inter, sync, partial, out, s_inv, tokens,
