@@ -473,13 +473,15 @@ def test_layer_decode_sizes(tokens, experts, top_k):
 
 
 @pytest.mark.parametrize("tokens,experts,top_k,early", [(1, 64, 8, True), (3, 16, 4, True), (20, 60, 2, False),
-                                                        (2, 200, 6, True), (1, 512, 8, False)])
+                                                        (2, 200, 6, True), (6, 200, 6, True), (4, 64, 8, False),
+                                                        (1, 512, 8, False)])
 def test_fused_ffn_equals_two_launches(tokens, experts, top_k, early):
     """The decode-sized FFN in one launch (down items waiting on per-expert counters), the whole layer but the
     combine in one launch (router GEMM, routing and permutation joined to it: moe_decode_skinny), and either with
     the combine in the same launch (the last CTA of each column block sums it), are bitwise the launches they
     replace, call after call (the counters left zeroed), and under a CUDA graph with fresh inputs; with the experts
-    listed before the programmatic wait (early) and after it."""
+    listed before the programmatic wait (early) and after it; the decode kernel's routing by warp 0 (up to 32
+    slots: 4 x 8 the most) and by its counting sort (6 x 6)."""
     from cukernels import launch as engine_launch
     from moe import layer as layer_mod
 

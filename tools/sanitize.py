@@ -214,6 +214,7 @@ def skinny_cases():
     w_up = dtypes.random((200, 64, 128), dtypes.BF16, seed=6)
     w_down = dtypes.random((200, 128, 32), dtypes.BF16, seed=7)
     MoELayer(router, w_up, w_down, 6)(dtypes.random((2, 128), dtypes.BF16, seed=8))
+    MoELayer(router, w_up, w_down, 6)(dtypes.random((6, 128), dtypes.BF16, seed=9))  # 36 slots: the counting sort
 
 
 def moe_cases():

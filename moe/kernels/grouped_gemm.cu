@@ -1447,8 +1447,9 @@ __device__ __forceinline__ void ffn_items(const T* __restrict__ x, const T* __re
     DECODE_STAMP(10, n_up_items);
     DECODE_STAMP(11, n_down_items);
 #endif
-    // the last CTA out sets the ticket and its own count back to zero (every CTA has taken its last ticket)
-    if (threadIdx.x == 0 && atomicAdd(ticket + 1, 1) == gridDim.x - 1) ticket[0] = ticket[1] = 0;
+    // the last CTA out sets the ticket and its own count back to zero (every CTA has taken its last ticket), and
+    // moe_decode_skinny's router barrier count (every CTA passed its wait before its first item)
+    if (threadIdx.x == 0 && atomicAdd(ticket + 1, 1) == gridDim.x - 1) ticket[0] = ticket[1] = ticket[2] = 0;
     DECODE_STAMP(8, DECODE_NOW());
 }
 
@@ -1483,12 +1484,15 @@ moe_ffn_skinny(const T* __restrict__ x, const T* __restrict__ w_up, T* __restric
 // moe_decode_skinny: the router GEMM, the routing and both expert GEMMs of a layer whose tokens route to fewer
 // rows than there are experts, as one persistent grid (all CTAs resident: the grid is what fits at once).
 //   1. The CTAs stride over the nbr skinny items of the router logits (fp32 [tokens, experts], the router
-//      GemmCall's tile, so the logits are its bits), each counted in sync[2 * SKINNY_MAX_GROUPS + 2] when stored.
+//      GemmCall's tile, so the logits are its bits; each item's weight rows asked of L2 whole at the start), each
+//      counted in sync[2 * SKINNY_MAX_GROUPS + 2] when stored.
 //   2. Every CTA waits for that count (an acquire load), reads the logits through L2 and routes every token the
 //      way moe_route does (select_top_k, softmax over the chosen k): one warp per token. From the choices it
 //      builds, in shared memory, what the permutation would write (a stable counting sort: the row offsets per
-//      expert, the sorted slots, each row's routing weight); CTA 0 also writes inverse (slot -> row) for the
-//      combine. The last CTA past the wait sets both barrier counters back to zero.
+//      expert, the sorted slots, each row's routing weight; up to 32 slots, the same by warp 0 in registers:
+//      shuffles and a match instead of counts, scans and barriers); CTA 0 also writes inverse (slot -> row) for
+//      the combine. The count is set back to zero by the grid's last CTA out (ffn_items), not by an atomic
+//      answered right after the wait. (H100, stop 57: E64 top-8 T1 -1.0 us held, seed 004 T1 / T4 -0.6 us.)
 //   3. The FFN items (ffn_items, as moe_ffn_skinny) over the touched experts, their first weights asked of L2
 //      first (skinny_prefetch).
 // Replaces three launches (router GEMM, routing, permutation) and the round trips between them; the routing's
@@ -1517,7 +1521,7 @@ moe_decode_skinny(const T* __restrict__ x, const T* __restrict__ w_router, float
     int* s_slot = reinterpret_cast<int*>(s_wt + SKINNY_MAX_GROUPS);
     float* s_rw = reinterpret_cast<float*>(s_slot + SKINNY_MAX_GROUPS);
     int* s_inv = reinterpret_cast<int*>(s_rw + SKINNY_MAX_GROUPS);  // per slot its row (inverse, for the combine)
-    int* barrier = sync + 2 * SKINNY_MAX_GROUPS + 2;  // [0] router items done, [1] CTAs past the wait
+    int* barrier = sync + 2 * SKINNY_MAX_GROUPS + 2;  // router items done (ffn_items' ticket[2])
     const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
     const int slots = tokens * top_k;
 
@@ -1528,6 +1532,12 @@ moe_decode_skinny(const T* __restrict__ x, const T* __restrict__ w_router, float
     DECODE_STAMP(9, sm_id() + 1ull);
 #endif
     const int nbr = (experts + BNR - 1) / BNR;
+    // a router item's weight rows (contiguous; never written by a kernel) asked of L2 whole, so the loads of its
+    // second round of chunks find them there
+    if (tid == 0)
+        for (int item = blockIdx.x; item < nbr; item += gridDim.x)
+            tma::prefetch_l2(w_router + (size_t)item * BNR * hidden,
+                             (unsigned)(min(BNR, experts - item * BNR) * hidden * (int)sizeof(T)));
     if (tid == 0) s_off[0] = 0, s_off[1] = tokens;
     __syncthreads();
     for (int item = blockIdx.x; item < nbr; item += gridDim.x) {
@@ -1539,12 +1549,14 @@ moe_decode_skinny(const T* __restrict__ x, const T* __restrict__ w_router, float
         }
     }
     DECODE_STAMP(2, DECODE_NOW());
-    if (tid == 0) {
+    // few slots: warp 0 sorts them in registers (below), no counts
+    const bool few = slots <= 32;
+    if (tid == 0) {  // (the count is set back to zero by the grid's last CTA out: ffn_items)
         wait_count(barrier, nbr);
         DECODE_STAMP(3, DECODE_NOW());
-        if (atomicAdd(barrier + 1, 1) == gridDim.x - 1) barrier[0] = barrier[1] = 0;  // every CTA is past it
     }
-    for (int e = tid; e < experts; e += blockDim.x) s_cnt[e] = 0;
+    if (!few)
+        for (int e = tid; e < experts; e += blockDim.x) s_cnt[e] = 0;
     __syncthreads();
     DECODE_STAMP(12, DECODE_NOW());
 
@@ -1562,9 +1574,46 @@ moe_decode_skinny(const T* __restrict__ x, const T* __restrict__ w_router, float
         if (lane < top_k) {
             s_exp[t * top_k + lane] = my_e;
             s_wt[t * top_k + lane] = expf(my_v - xmax) / sel_sum;
-            atomicAdd(s_cnt + my_e, 1);
+            if (!few) atomicAdd(s_cnt + my_e, 1);
         }
     }
+    int listed;
+    if (few) {  // the same rows, offsets and group list as the counting sort below, by warp 0 in registers
+        if (tokens > 1) __syncthreads();  // (uniform) the other warps' tokens
+        DECODE_STAMP(13, DECODE_NOW());
+        if (warp == 0) {
+            __syncwarp();
+            const bool live = lane < slots;
+            const int e = live ? s_exp[lane] : 0x7fffffff;
+            const float wt = live ? s_wt[lane] : 0.f;
+            int less = 0, rank = 0;  // slots of a lower expert; lower slots of this expert
+            for (int u = 0; u < slots; ++u) {
+                const int eu = __shfl_sync(0xffffffffu, e, u);
+                less += eu < e;
+                rank += u < lane && eu == e;
+            }
+            const bool first = live && rank == 0;  // the lowest slot of its expert
+            const unsigned firsts = __ballot_sync(0xffffffffu, first);
+            const int count = __popc(__match_any_sync(0xffffffffu, e) & __ballot_sync(0xffffffffu, live));
+            int below = 0;  // listed experts lower than this one: its group's index
+            for (int u = 0; u < slots; ++u) below += ((firsts >> u) & 1u) && __shfl_sync(0xffffffffu, e, u) < e;
+            if (live) {
+                const int r = less + rank;
+                s_slot[r] = lane;
+                s_rw[r] = wt;
+                s_inv[lane] = r;
+                if (blockIdx.x == 0) inverse[lane] = r;
+            }
+            if (first) {  // (the next expert's first slot, if listed, writes the same offset)
+                groups[below] = e;
+                s_off[e] = less;
+                s_off[e + 1] = less + count;
+            }
+            if (lane == 0) groups[SKINNY_MAX_GROUPS] = __popc(firsts);
+        }
+        __syncthreads();
+        listed = groups[SKINNY_MAX_GROUPS];
+    } else {
     __syncthreads();
     DECODE_STAMP(13, DECODE_NOW());
     if (warp == 0) {  // exclusive scan of the counts: lane l holds experts [PER l, PER (l + 1))
@@ -1600,7 +1649,8 @@ moe_decode_skinny(const T* __restrict__ x, const T* __restrict__ w_router, float
         if (blockIdx.x == 0) inverse[s] = r;
     }
     DECODE_STAMP(15, DECODE_NOW());
-    const int listed = skinny_list_groups(s_cnt, s_off, experts, groups, groups + SKINNY_MAX_GROUPS);
+    listed = skinny_list_groups(s_cnt, s_off, experts, groups, groups + SKINNY_MAX_GROUPS);
+    }
     const int nb1 = (n_up + BN1 - 1) / BN1;
     DECODE_STAMP(4, DECODE_NOW());
     skinny_prefetch<T, BN1>(w_up, groups, listed * nb1, nb1, n_up, hidden, early);
