@@ -1614,42 +1614,42 @@ moe_decode_skinny(const T* __restrict__ x, const T* __restrict__ w_router, float
         __syncthreads();
         listed = groups[SKINNY_MAX_GROUPS];
     } else {
-    __syncthreads();
-    DECODE_STAMP(13, DECODE_NOW());
-    if (warp == 0) {  // exclusive scan of the counts: lane l holds experts [PER l, PER (l + 1))
-        constexpr int PER = SKINNY_MAX_GROUPS / 32;
-        int run = 0;
-#pragma unroll
-        for (int j = 0; j < PER; ++j) run += lane * PER + j < experts ? s_cnt[lane * PER + j] : 0;
-        int incl = run;
-#pragma unroll
-        for (int o = 1; o < 32; o <<= 1) {
-            const int a = __shfl_up_sync(0xffffffffu, incl, o);
-            if (lane >= o) incl += a;
+        __syncthreads();
+        DECODE_STAMP(13, DECODE_NOW());
+        if (warp == 0) {  // exclusive scan of the counts: lane l holds experts [PER l, PER (l + 1))
+            constexpr int PER = SKINNY_MAX_GROUPS / 32;
+            int run = 0;
+    #pragma unroll
+            for (int j = 0; j < PER; ++j) run += lane * PER + j < experts ? s_cnt[lane * PER + j] : 0;
+            int incl = run;
+    #pragma unroll
+            for (int o = 1; o < 32; o <<= 1) {
+                const int a = __shfl_up_sync(0xffffffffu, incl, o);
+                if (lane >= o) incl += a;
+            }
+            int off = incl - run;
+    #pragma unroll
+            for (int j = 0; j < PER; ++j) {
+                const int e = lane * PER + j;
+                if (e <= experts) s_off[e] = off;
+                off += e < experts ? s_cnt[e] : 0;
+            }
+            if (lane == 31 && experts == SKINNY_MAX_GROUPS) s_off[SKINNY_MAX_GROUPS] = off;
         }
-        int off = incl - run;
-#pragma unroll
-        for (int j = 0; j < PER; ++j) {
-            const int e = lane * PER + j;
-            if (e <= experts) s_off[e] = off;
-            off += e < experts ? s_cnt[e] : 0;
+        __syncthreads();
+        DECODE_STAMP(14, DECODE_NOW());
+        for (int s = tid; s < slots; s += blockDim.x) {  // stable: a slot's row follows the lower slots of its expert
+            const int e = s_exp[s];
+            int rank = 0;
+            for (int u = 0; u < s; ++u) rank += s_exp[u] == e;
+            const int r = s_off[e] + rank;
+            s_slot[r] = s;
+            s_rw[r] = s_wt[s];
+            s_inv[s] = r;
+            if (blockIdx.x == 0) inverse[s] = r;
         }
-        if (lane == 31 && experts == SKINNY_MAX_GROUPS) s_off[SKINNY_MAX_GROUPS] = off;
-    }
-    __syncthreads();
-    DECODE_STAMP(14, DECODE_NOW());
-    for (int s = tid; s < slots; s += blockDim.x) {  // stable: a slot's row follows the lower slots of its expert
-        const int e = s_exp[s];
-        int rank = 0;
-        for (int u = 0; u < s; ++u) rank += s_exp[u] == e;
-        const int r = s_off[e] + rank;
-        s_slot[r] = s;
-        s_rw[r] = s_wt[s];
-        s_inv[s] = r;
-        if (blockIdx.x == 0) inverse[s] = r;
-    }
-    DECODE_STAMP(15, DECODE_NOW());
-    listed = skinny_list_groups(s_cnt, s_off, experts, groups, groups + SKINNY_MAX_GROUPS);
+        DECODE_STAMP(15, DECODE_NOW());
+        listed = skinny_list_groups(s_cnt, s_off, experts, groups, groups + SKINNY_MAX_GROUPS);
     }
     const int nb1 = (n_up + BN1 - 1) / BN1;
     DECODE_STAMP(4, DECODE_NOW());
