@@ -385,11 +385,10 @@ class ForwardCall:
                 smem=cfg.smem_bytes(), pdl=isinstance(cfg, FwdTmaConfig))  # flash_fwd_tma waits (pdl.cuh)
         self.new_o = self.frame.allocator(self.o_shape, self.dtype)
         self.new_lse = self.frame.allocator(self.lse_shape, "fp32")
-        # a contiguous torch q has o's shape, dtype and layout (its signature, part of this call's key, says so
-        # for every later call): o is then made by torch.empty_like(q), cheaper than torch.empty of shape, dtype
-        # and device (the backward's gradients likewise, backward.BackwardCall.grads_like)
-        self.o_like_q = (self.frame.torch and not problem.varlen and tuple(q.shape) == self.o_shape
-                         and q.is_contiguous())
+        # a contiguous torch q (dense batches) has o's shape, dtype and layout (its signature, part of this call's
+        # key, says so for every later call): o is then made by torch.empty_like(q), cheaper than torch.empty of
+        # shape, dtype and device (the backward's gradients likewise, backward.BackwardCall.grads_like)
+        self.o_like_q = self.frame.torch and not problem.varlen and q.is_contiguous()
 
     def __call__(self, pq: int, pk: int, pv: int, segment_ids, q=None):
         """``q``: the query tensor itself (o is then made like it where ``o_like_q``), or None."""

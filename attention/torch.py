@@ -173,11 +173,8 @@ def flash_attention(q, k, v, *, causal=False, window=None, segment_ids=None, sof
         return o
     if _functorch_active():
         return _FlashAttention.apply(q, k, v, (causal, window, softmax_scale, deterministic, segment_ids))
-    if segment_ids is not None:
-        segment_ids = (tuple(map(_unwrap_if_dead, segment_ids)) if isinstance(segment_ids, (tuple, list))
-                       else _unwrap_if_dead(segment_ids))
     return _apply(_unwrap_if_dead(q), _unwrap_if_dead(k), _unwrap_if_dead(v),
-                  (causal, window, softmax_scale, deterministic, segment_ids))
+                  (causal, window, softmax_scale, deterministic, _unwrap_if_dead(segment_ids)))
 
 
 # ---------------------------------------------------------------- packed variable-length batches (varlen.py)

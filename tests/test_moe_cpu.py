@@ -303,3 +303,25 @@ def test_decode_timeline_summary_of_stamps(decode_timeline_tool):
     assert got["start"]["max"] == 1.0 and got["exit"][50] == 8.0 and got["exit"]["max"] == 9.0
     assert got["counts zeroed"][50] == 3.5 and got["slots sorted"]["max"] == 4.8
     assert got["up items per CTA"] == {"2": 1, "3": 2} and got["down items per CTA"] == {"3": 1, "4": 2}
+
+
+def test_kernels_built_with_adds_options_to_matching_kernels(monkeypatch):
+    """moe.launch.kernels_built_with: within the block the kernels whose names contain the part are built with the
+    extra options (and listed), the others and every kernel after the block as the engine builds them."""
+    from cukernels import compile as _compile
+    from moe import launch as ml
+
+    seen = []
+    monkeypatch.setattr(_compile, "kernel", lambda source, name, options=(): seen.append((name, tuple(options))) or name)
+    monkeypatch.setattr(ml, "device_id", lambda: 0)
+    ml._kernel.cache_clear()
+    try:
+        with ml.kernels_built_with(("-DPROBE=4",), "moe_decode_skinny") as built:
+            ml.kernel(ml.KERNELS / "grouped_gemm.cu", "moe_decode_skinny<float>")
+            ml.kernel(ml.KERNELS / "grouped_gemm.cu", "moe_ffn_skinny<float>")
+        ml.kernel(ml.KERNELS / "grouped_gemm.cu", "moe_decode_skinny<float>")
+    finally:
+        ml._kernel.cache_clear()
+    assert seen == [("moe_decode_skinny<float>", ("-DPROBE=4",)), ("moe_ffn_skinny<float>", ()),
+                    ("moe_decode_skinny<float>", ())]
+    assert built == ["moe_decode_skinny<float>"] and not ml._BUILT_WITH

@@ -58,7 +58,6 @@ def main(argv=None) -> int:
         return cli.no_gpu("python tools/decode_timeline.py", "It stamps a kernel on a GPU; there is nothing to do here.")
     import cupy
 
-    from cukernels import compile as _compile
     from cukernels import timing
     from moe import bench as moe_bench
     from moe import suites
@@ -68,32 +67,19 @@ def main(argv=None) -> int:
 
     ml = importlib.import_module("moe.launch")
     layer_mod = importlib.import_module("moe.layer")
-    plain = ml._kernel
-    built = []
-
-    def stamped(dev, source, name):
-        if "moe_decode_skinny" not in name:
-            return plain(dev, source, name)
-        kern = _compile.kernel(source, name, options=(f"-DDECODE_TIMELINE={STAMPED}",))
-        built.append(kern)
-        return kern
 
     results = []
     for case_name in (parse_case(c) for c in args.case):
         (case,) = moe_bench.cases_for([suites.shape(case_name)], "bf16")
         inputs = moe_bench.make_inputs(case, 0)
         layer, x = inputs.layer, inputs.x
-        ml._kernel = plain
-        ml._plan.cache_clear()
         layer_mod._LAYER.clear()
         ref = layer(x)
         held_plain = timing.benchmark(lambda: layer(x), budget_ms=100).median_ms * 1e3
-        ml._kernel = stamped
-        ml._plan.cache_clear()
         layer_mod._LAYER.clear()
-        built.clear()
         try:
-            got = layer(x)
+            with ml.kernels_built_with((f"-DDECODE_TIMELINE={STAMPED}",), "moe_decode_skinny") as built:
+                got = layer(x)
             if not built:
                 print(f"{case.name}: not one decode launch (no moe_decode_skinny built); skipped")
                 continue
@@ -111,9 +97,7 @@ def main(argv=None) -> int:
                 cupy.cuda.Device().synchronize()
                 runs.append(summarize(stamps.get()))
             held_stamped = timing.benchmark(lambda: layer(x), budget_ms=100).median_ms * 1e3
-        finally:
-            ml._kernel = plain
-            ml._plan.cache_clear()
+        finally:  # the stamped build's calls leave the layer cache
             layer_mod._LAYER.clear()
         med = {"case": case.name, "bitwise_equal_to_engine_build": same, "held_us": round(held_plain, 2),
                "held_us_stamped_build": round(held_stamped, 2),

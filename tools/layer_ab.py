@@ -7,7 +7,8 @@
 A variant is ``NAME[:module.attr=value[,module.attr=value...]]`` (values are Python literals; the first variant is
 the reference, usually the tree's plan with no assignment); ``up=BM/PW/KS`` / ``down=BM/PW/KS`` force the expert
 GEMMs' skinny tiles (block_m, weight rows per warp, K split; the fused decode kernels take them too); ``-DMACRO=V``
-builds the MoE package's kernels with that preprocessor definition (kernel variants behind an ``#if``). Each case
+builds the MoE package's kernels with that preprocessor definition (kernel variants behind an ``#if``;
+``moe.launch.kernels_built_with``). Each case
 plans the suite's layer once per variant (the assignments applied, the planner's and the layer's caches cleared),
 records its plan (the expert GEMMs' tiles, whether the layer runs as one decode launch), compares its output with
 the reference variant's (rel L2 and bitwise) and over two calls (bitwise), then times every variant in ``--rounds``
@@ -108,14 +109,7 @@ def main(argv=None) -> int:
               for name, sets in variants.items()}
     defines = {name: tuple(a for m, a, _ in sets if m == "define") for name, sets in variants.items()}
     moe_launch = importlib.import_module("moe.launch")
-    plain_kernel = moe_launch._kernel
-    from cukernels import compile as _compile
-
-    def kernel_with(options):
-        def kernel(dev, source, name):  # (moe.launch's compile hook, keyed like it)
-            return _compile.kernel(source, name, options=options)
-        return kernel
-    tiles = contextlib.ExitStack()  # the current variant's forced tiles (gemm_configs.expert_gemms_planned_as)
+    tiles = contextlib.ExitStack()  # the current variant's forced tiles and kernel definitions
 
     def configure(name):
         tiles.close()
@@ -124,9 +118,10 @@ def main(argv=None) -> int:
         for m, a, v in variants[name]:
             if m not in ("tile", "define"):
                 setattr(importlib.import_module(m), a, v)
-        moe_launch._kernel = kernel_with(defines[name]) if defines[name] else plain_kernel
         if forced[name]:
             tiles.enter_context(gemm_configs.expert_gemms_planned_as(**forced[name]))
+        if defines[name]:
+            tiles.enter_context(moe_launch.kernels_built_with(defines[name]))
         plan_cache.cache_clear()
         layer_mod._LAYER.clear()
 
@@ -176,7 +171,6 @@ def main(argv=None) -> int:
             print(json.dumps(row), flush=True)
     finally:  # the tree's values and planner back, and no plan made under a variant left in the caches
         tiles.close()
-        moe_launch._kernel = plain_kernel
         for (m, a), v in saved.items():
             setattr(importlib.import_module(m), a, v)
         plan_cache.cache_clear()

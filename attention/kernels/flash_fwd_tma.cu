@@ -56,8 +56,6 @@ using namespace attn;
 #ifdef FWD_TIMELINE
 #include "timeline.cuh"
 __device__ unsigned long long fwd_timeline[FWD_TIMELINE][8];
-__device__ __forceinline__ unsigned long long fwd_now() { return global_timer_ns(); }
-__device__ __forceinline__ unsigned long long fwd_smid() { return sm_id(); }
 #define FWD_STAMP(slot, value)                                                                                    \
     do {                                                                                                          \
         const unsigned cta_ = blockIdx.x + gridDim.x * (blockIdx.y + gridDim.y * blockIdx.z);                     \
@@ -119,8 +117,8 @@ flash_fwd_tma(const __grid_constant__ tma::TensorMap q_map, const __grid_constan
                    empty_k = full_v + 8 * STAGES, empty_v = empty_k + 8 * STAGES, q_empty = empty_v + 8 * STAGES;
 
     const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
-    FWD_STAMP(0, fwd_now());
-    FWD_STAMP(5, fwd_smid() + 1);
+    FWD_STAMP(0, global_timer_ns());
+    FWD_STAMP(5, sm_id() + 1);
     const int wg = wgmma::warpgroup();  // warp-uniform to the compiler: Q's descriptors in uniform registers
 
     // ---- the CTA's query tiles. One per CTA: (gridDim.x - 1 - blockIdx.x, blockIdx.y, blockIdx.z), heaviest
@@ -347,13 +345,13 @@ flash_fwd_tma(const __grid_constant__ tma::TensorMap q_map, const __grid_constan
         };
 
         tma::mbar_wait(q_bar, i & 1);  // always: the CTA may not exit with Q's copy in flight
-        FWD_STAMP(1, fwd_now());
+        FWD_STAMP(1, global_timer_ns());
         if (first < tiles.nb_max) {
             int nb = first;
             if (cw == CONSUMERS - 1) turn_pass();
             const int st0 = j % STAGES;
             tma::mbar_wait(full_k + 8 * st0, (j / STAGES) & 1);
-            FWD_STAMP(2, fwd_now());
+            FWD_STAMP(2, global_timer_ns());
             turn_take();
             issue_s(st0);
             turn_pass();
@@ -400,7 +398,7 @@ flash_fwd_tma(const __grid_constant__ tma::TensorMap q_map, const __grid_constan
             wgmma::fence_operands(o_flat);
             release(empty_v, st);
             ++j;
-            FWD_STAMP(3, fwd_now());
+            FWD_STAMP(3, global_timer_ns());
         } else {
             release_q();
         }
@@ -437,7 +435,7 @@ flash_fwd_tma(const __grid_constant__ tma::TensorMap q_map, const __grid_constan
                 *reinterpret_cast<uint4*>(dst) = v;
             }
         }
-        FWD_STAMP(4, fwd_now());
+        FWD_STAMP(4, global_timer_ns());
         if constexpr (!PERSISTENT) break;
         ws::bar_sync(1 + cw, 128);  // the staging rows are read before the next tile's writes
     }
