@@ -1,11 +1,13 @@
 """Per-CTA timeline of the decode-sized MoE layer in one launch (``moe_decode_skinny``): where its fixed cost goes
 (the router items, the grid-wide wait, the routing, the up and down items, the combine) for the decode suite's cases.
 
-    PYTHONPATH=. python tools/decode_timeline.py --case E64top8:1 [--case seed004:1] [--calls 7] [--json PATH]
+    PYTHONPATH=. python tools/decode_timeline.py --case E64top8:1 [--case seed004:1] [--calls 7] [--define -DM=V]
+        [--json PATH]
 
 The kernel is built with ``-DDECODE_TIMELINE=N`` (moe/kernels/grouped_gemm.cu: global-timer stamps by thread 0 of
 each CTA, off in every engine build) and called through the layer (``MoELayer``) on the suite's weights and tokens
-(``moe.bench.make_inputs``), its output checked bitwise against the engine's build. Each timed call follows an L2
+(``moe.bench.make_inputs``), its output checked bitwise against the engine's build (``--define``: a variant's
+build, stamped, against the engine's). Each timed call follows an L2
 flush (as the held timer's samples do); the stamps of ``--calls`` calls, each phase as percentiles over the CTAs and
 the median over calls, in microseconds from the first CTA's start. Beside them the layer's held time
 (``timing.benchmark``), whose excess over the stamped span is the launch and the kernel's first CTA start.
@@ -50,6 +52,8 @@ def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--case", action="append", required=True, help="a decode suite case: E64top8:1, seed004:4")
     ap.add_argument("--calls", type=int, default=7)
+    ap.add_argument("--define", action="append", default=[],
+                    help="-DMACRO=V for the stamped build too (a kernel variant behind an #if)")
     ap.add_argument("--json")
     args = ap.parse_args(argv)
     from cukernels import cli, device
@@ -78,7 +82,7 @@ def main(argv=None) -> int:
         held_plain = timing.benchmark(lambda: layer(x), budget_ms=100).median_ms * 1e3
         layer_mod._LAYER.clear()
         try:
-            with ml.kernels_built_with((f"-DDECODE_TIMELINE={STAMPED}",), "moe_decode_skinny") as built:
+            with ml.kernels_built_with((f"-DDECODE_TIMELINE={STAMPED}", *args.define), "moe_decode_skinny") as built:
                 got = layer(x)
             if not built:
                 print(f"{case.name}: not one decode launch (no moe_decode_skinny built); skipped")
