@@ -1,7 +1,8 @@
 """The one timer.
 
 CUDA events around the work only; a warm-up first (module load, compilation, allocator warm-up stay out);
-the L2 cache flushed between samples by a memset of twice the device's L2 size, outside the timed region;
+the L2 cache flushed between samples by a read of twice the device's L2 size, outside the timed region (a read,
+not a memset: see ``flush_l2``);
 the median with its p20–p80 spread; stop when the relative noise is under target or the time budget is spent.
 
 Device time, not host time: before each sample a tiny kernel holds the stream until the host has enqueued
@@ -136,19 +137,38 @@ def _merge_clocks(all_clocks: Sequence[dict]) -> dict:
 
 @functools.cache
 def _flush_buffer(device_id: int, nbytes: int):
+    """(buffer of ``nbytes``, a 4-byte sink) on ``device_id``, made once: the read flush's."""
     import cupy
 
     with cupy.cuda.Device(device_id):
-        return cupy.empty(nbytes, dtype=cupy.uint8)
+        return cupy.zeros(nbytes // 16 * 4, dtype=cupy.uint32), cupy.zeros(1, dtype=cupy.uint32)
+
+
+_FLUSH_SOURCE = Path(__file__).parent / "kernels" / "l2_flush.cu"
+
+
+@functools.cache
+def _flush_launch(device_id: int):
+    """The read flush of ``device_id`` as a call (kernel, grid and arguments fixed once)."""
+    from . import compile as _compile
+
+    spec = _device.current()
+    buf, sink = _flush_buffer(device_id, 2 * spec.l2_bytes)
+    kern = _compile.kernel(_FLUSH_SOURCE, "l2_flush_read")
+    grid, args = (8 * spec.sm_count,), (buf, np.uint64(buf.size // 4), sink)
+    return lambda: kern.launch(grid, (256,), args)
 
 
 def flush_l2() -> None:
-    """Evict the L2 cache: write a buffer twice its size (sized from the live device)."""
+    """Evict the L2 cache: read a buffer twice its size (sized from the live device), so L2 is left holding clean
+    lines. A write (a memset, this timer's flush until stop 58) evicts as well but leaves L2 full of dirty lines,
+    and their write-back then runs inside the next timed kernel: on an H100 it added 4-11 us to every kernel
+    streaming 50 MB or more (a 92 MB read 43.3 against 33.9 us, the 1 GiB copy 714.5 against 708.6;
+    docs/perf/engine.md). triton's ``do_bench`` flushes with a write, so on such kernels it reads higher than
+    this timer by about that much."""
     import cupy
 
-    spec = _device.current()
-    buf = _flush_buffer(cupy.cuda.Device().id, 2 * spec.l2_bytes)
-    buf.fill(0)
+    _flush_launch(cupy.cuda.Device().id)()
 
 
 _SOURCE = Path(__file__).parent / "kernels" / "block_stream.cu"

@@ -96,6 +96,30 @@ def test_held_timing_measures_device_time_not_host_time():
     assert not t.clocks["held"] and t.median_ms < 15.0  # no 20 ms hold timeouts left in the samples
 
 
+def test_l2_flush_evicts_by_reading():
+    """The timer's flush evicts what a kernel left in L2 (a 16 MB read is slower after it than when repeated
+    without it) and writes nothing (its buffer is unchanged): L2 is left clean, so no write-back of the flush's
+    own lines runs inside the next timed kernel."""
+    import cupy
+
+    spec = device.current()
+    buf, sink = timing._flush_buffer(cupy.cuda.Device().id, 2 * spec.l2_bytes)
+    buf[:] = cupy.arange(buf.size, dtype=cupy.uint32)
+    timing.flush_l2()
+    assert bool((buf == cupy.arange(buf.size, dtype=cupy.uint32)).all()) and int(sink[0]) == 0
+    data = cupy.ones(16 << 18, dtype=cupy.uint32)  # 16 MB: fits in L2
+    kern = compile.kernel(timing._FLUSH_SOURCE, "l2_flush_read")
+    junk = cupy.zeros(1, dtype=cupy.uint32)
+
+    def read():
+        kern.launch((4 * spec.sm_count,), (256,), (data, np.uint64(data.size // 4), junk))
+
+    cold = timing.benchmark(read, budget_ms=100, min_samples=10)
+    warm = timing.benchmark(read, budget_ms=100, min_samples=10, flush_l2=False)
+    print(f"16 MB read: {cold.median_ms * 1e3:.1f} us after the flush, {warm.median_ms * 1e3:.1f} us from L2")
+    assert cold.median_ms > 1.3 * warm.median_ms
+
+
 @pytest.mark.parametrize("dt", [dtypes.BF16, dtypes.FP16, dtypes.FP32])
 def test_random_large_arrays_drawn_in_pieces(monkeypatch, dt):
     """Past RANDOM_PIECE elements ``dtypes.random`` draws piece by piece into its output: same shape and dtype,
