@@ -12,7 +12,8 @@ builds the MoE package's kernels with that preprocessor definition (kernel varia
 plans the suite's layer once per variant (the assignments applied, the planner's and the layer's caches cleared),
 records its plan (the expert GEMMs' tiles, whether the layer runs as one decode launch), compares its output with
 the reference variant's (rel L2 and bitwise) and over two calls (bitwise), then times every variant in ``--rounds``
-rounds, the order rotated each round: triton's do_bench (L2 flushed) and the engine's held timer of the layer's
+rounds, the order rotated each round: triton's do_bench (L2 flushed by a write, whose write-back the timed call
+pays: a few us more than the held timer on these layers) and the engine's held timer of the layer's
 cached call, and after the last round the time as called (``cukernels.timing.as_called``). Weights and tokens are
 the decode suite's (``moe.bench.make_inputs``), so every variant of a case routes the same slots to the same experts
 as the suite (the bytes a decode layer streams depend on that: compare variants within a run, not across scripts).
