@@ -9,6 +9,7 @@ from pathlib import Path
 
 from . import __version__
 from . import device as _device
+from . import timing as _timing
 
 
 def git_revision() -> str | None:
@@ -94,4 +95,6 @@ def collect() -> dict:
     else:
         env["gpu"] = None
     env.update(tuning(spec))
+    # how the held timer empties L2 between samples: results before stop 58 (a memset) carry the flush's write-back
+    env["l2_flush"] = _timing.L2_FLUSH
     return env

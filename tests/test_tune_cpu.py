@@ -430,3 +430,4 @@ def test_environment_records_the_tuned_cache_in_use(monkeypatch):
     assert environment.tuning(spec)["tune_cache"] is None  # never fails
     env = environment.collect()
     assert "tune_cache" in env and env["tuned"] == "0"
+    assert env["l2_flush"] == "read of 2 x L2"  # the held timer's flush, recorded with every result
