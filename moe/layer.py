@@ -99,7 +99,8 @@ class LayerCall:
             self._sync: dict = {}
             self._memset, self._capturing = cupy.cuda.runtime.memsetAsync, cupy.cuda.runtime.streamIsCapturing
             # x and the workspace's rows are 16-byte aligned (x is checked per call; K % 8 == 0 makes rows so)
-            self.combine = combine_launcher(tokens, hidden, top_k, dtype, 16)
+            # (none where the fused kernel combines: it would be planned and compiled and never launched)
+            self.combine = None if self.fused_combine else combine_launcher(tokens, hidden, top_k, dtype, 16)
             self.gather_launcher = None if self.fused_gather else gather_launcher(rows, hidden, top_k, dtype, 16)
             # the router GEMM's one group: rows [0, tokens) (a constant, made before any capture)
             self.one_group = cupy.asarray([0, tokens], dtype=cupy.int32)
