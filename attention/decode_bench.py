@@ -155,7 +155,8 @@ def _torch(backend_name: str):
 
 def impls(args) -> list[bench.Impl]:
     return [bench.Impl(name="ours", prepare=_ours(None), supports=_fits),
-            *[bench.Impl(name=f"ours-paged{p}", prepare=_ours(p), supports=_fits) for p in PAGES],
+            *[bench.Impl(name=f"ours-paged{p}", prepare=_ours(p), supports=_fits, plan_of=_paged_plan_of)
+              for p in PAGES],
             bench.Impl(name="torch-flash", prepare=_torch("FLASH_ATTENTION"), baseline=True,
                        unavailable=bench.torch_unavailable, supports=_fits),
             bench.Impl(name="torch-cudnn", prepare=_torch("CUDNN_ATTENTION"), baseline=True,
@@ -176,17 +177,19 @@ def plan_rows(cases_: list[bench.Case], spec: device.DeviceSpec, with_compile: b
     rows = []
     for case in cases_:
         try:
-            dp = plan_call(_problem(case), spec)
+            dp, pp = plan_call(_problem(case), spec), plan_call(_problem(case, paged=True), spec)
         except tiling.PlanError as exc:
             rows.append({"case": case.name, "config": f"no plan: {exc}"})
             continue
         row = {"case": case.name, "config": _config_text(dp), "splits": dp.splits,
-               "smem / limit B": f"{dp.plan.smem_bytes:,} / {dp.plan.limit:,}"}
-        if with_compile:
-            expr = dp.config.name_expression(dtype=dtypes.from_name(case.dtype), paged=False, pair=dp.pair,
-                                             cluster=dp.cluster)
-            res = compile.compile_offline(SOURCE, [expr], spec.arch)[expr]
-            row.update({"regs": res.registers, "spill B": res.spills})
+               "smem / limit B": f"{dp.plan.smem_bytes:,} / {dp.plan.limit:,}",
+               "paged config": _config_text(pp), "paged splits": pp.splits}
+        if with_compile:  # the contiguous and the paged instance (one for every page size)
+            exprs = [plan.config.name_expression(dtype=dtypes.from_name(case.dtype), paged=paged, pair=plan.pair,
+                                                 cluster=plan.cluster) for plan, paged in ((dp, False), (pp, True))]
+            res = compile.compile_offline(SOURCE, exprs, spec.arch)
+            row.update({"regs": " / ".join(str(res[e].registers) for e in exprs),
+                        "spill B": " / ".join(str(res[e].spills) for e in exprs)})
         rows.append(row)
     return rows
 
@@ -195,12 +198,16 @@ def _config_text(dp) -> str:
     return f"{dp.config}{' (heads in pairs)' if dp.pair else ''}"
 
 
-def plan_of(case: bench.Case) -> str | None:
+def plan_of(case: bench.Case, paged: bool = False) -> str | None:
     try:
-        dp = plan_call(_problem(case), device.current())  # the bench's caches hold their heads adjacent
+        dp = plan_call(_problem(case, paged), device.current())  # the bench's caches hold their heads adjacent
     except tiling.PlanError as exc:
         return f"no plan: {exc}"
     return f"{_config_text(dp)}, {dp.splits} splits{' (one cluster)' if dp.cluster > 1 else ''}"
+
+
+def _paged_plan_of(case: bench.Case) -> str | None:
+    return plan_of(case, paged=True)
 
 
 def bandwidth_table(results: list[bench.Result], args) -> str:

@@ -72,6 +72,8 @@ class Impl:
     baseline: bool = False  # others are compared against the best baseline
     unavailable: Callable[[], str | None] = lambda: None  # why it cannot run here, or None
     supports: Callable[[Case], str | None] = lambda case: None  # why it cannot run this case, or None
+    # the plan this implementation runs, where it is not the op's (the bench's plan_of) - a variant planned apart
+    plan_of: Callable[[Case], str | None] | None = None
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -354,7 +356,7 @@ def _check_first(op, case, impl, inputs, reference, base, plan_of):
         _checks.stop_poisoning()
     first = op.check(case, out, reference)
     checks = [dataclasses.asdict(c) for c in first]
-    plan = plan_of(case) if not impl.baseline else None
+    plan = (impl.plan_of or plan_of)(case) if not impl.baseline else None
     if not all(c.passed for c in first):
         bad = "; ".join(str(c) for c in first if not c.passed)
         return Result(**base, status="failed-check", reason=bad[:300], checks=checks, plan=plan)

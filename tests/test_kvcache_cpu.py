@@ -141,3 +141,18 @@ def test_clusters_merge_short_splits_on_sm90_only():
     assert plan_call(_problem(batch=1, max_keys=1024), h100, num_splits=3).cluster == 1  # not a cluster size
     long = plan_call(_problem(batch=1, kv_heads=32, max_keys=32768), h100)  # 4 splits of 8k keys
     assert long.splits in CLUSTER_SPLITS and long.split_keys > CLUSTER_MAX_SPLIT_KEYS and long.cluster == 1
+
+
+def test_decode_bench_reports_the_paged_plan_for_paged_rows():
+    """The paged rows' plan (JSON and --plan) is the paged call's, not the contiguous one's: at head dim 64 with 8k
+    keys the two differ (search_space), and --plan shows both."""
+    from attention import decode_bench
+    from cukernels import bench
+
+    case = bench.Case(name="decode_b1_L8k_h16-16_d64_q1", params={"batch": 1, "seq_q": 1, "heads": 16,
+                      "kv_heads": 16, "head_dim": 64, "length": 8192})
+    spec = device.profile("h100_sxm")
+    row, = decode_bench.plan_rows([case], spec, with_compile=False)
+    assert row["config"] == "DecodeConfig(d64 w4 s4)" and row["paged config"] == "DecodeConfig(d64 w8 s3)"
+    paged = [i for i in decode_bench.impls(None) if i.name.startswith("ours-paged")]
+    assert paged and all(i.plan_of is not None for i in paged)

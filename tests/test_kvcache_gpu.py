@@ -68,7 +68,7 @@ def test_decode_contiguous_ragged(dim, dtype):
     _check(*_case(4, 1, 8, 2, dim, [0, 1, 300, 1000], dtype=dtype, max_seq=1024, seed=dim), dtype)
 
 
-@pytest.mark.parametrize("page", [16, 64, 256])
+@pytest.mark.parametrize("page", [16, 48, 64, 240, 256])  # 48, 240: page / 16 not a power of two
 def test_paged_shuffled_pages_and_page_boundaries(page):
     lens = [0, 1, page, page + 1, 3 * page - 1, 5 * page]
     _check(*_case(6, 1, 8, 8, 128, lens, page=page, max_seq=6 * page, seed=page), "bf16")
