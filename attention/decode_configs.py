@@ -38,6 +38,9 @@ MIN_STAGES_PER_SPLIT = 2
 CLUSTER_SPLITS = (2, 4, 8)
 CLUSTER_MAX_SPLIT_KEYS = 4096
 SHORT_CACHE_KEYS = 2048  # search_space: head dim >= 128 keeps the 3-stage ring (two CTAs per SM) up to this many keys
+# plan_splits: on sm_90 a cache of at most this many keys whose unsplit grid fills at most a quarter of the SMs is
+# split for half the SMs (see there); 0 turns it off
+SHORT_SPLIT_KEYS = 1024
 W8_MAX_BANDWIDTH_GBS = 4000.0  # search_space: 8 x 3 on short caches from two waves (H100: yes, H200: no)
 
 
@@ -170,10 +173,16 @@ def plan_splits(problem: DecodeProblem, config: DecodeConfig, spec: DeviceSpec) 
     of keys. Measured on an H100 (one sequence, 32/8 heads, d128): 12-16 splits of an 8k-32k cache beat 26-32 by
     5-8 %. The floor of two stages binds only on short caches: B1 L1k 32/8 and 16/16 d64 take 8 splits of two
     stages, which beat 4 of four by 2-3 % contiguous and 4-8 % paged (held, 2026-11-25; 4 was the floor while
-    the last split's merge read the partials one row at a time)."""
+    the last split's merge read the partials one row at a time). On sm_90 a cache of at most SHORT_SPLIT_KEYS keys
+    whose unsplit grid fills at most a quarter of the SMs (one sequence) is split for half the SMs: B1 L1k 32/32
+    2 splits beat 4 by 3.8 / 5.1 % (q1 / q4) and 16/16 d64 4 beat 8 by 3.4 / 2.4 %, paged level (H100, held under
+    the read flush, 5 rotated rounds, 2026-11-27); 32/8 keeps 8 (64 CTAs already), and B8 32/8 (a grid of 64)
+    keeps 2, which beat 1 by 2-3 %."""
     # one CTA per SM, contiguous or paged: its ring keeps enough loads in flight (two per SM measured slower)
     slots = spec.sm_count
     base = problem.batch * problem.kv_heads * problem.row_tiles
+    if problem.max_keys <= SHORT_SPLIT_KEYS and spec.compute_capability >= (9, 0) and 4 * base <= spec.sm_count:
+        slots = max(1, spec.sm_count // 2)
     max_useful = max(1, min(MAX_SPLITS, problem.max_keys // (MIN_STAGES_PER_SPLIT * config.keys_per_stage)))
     if base >= slots:
         return 1

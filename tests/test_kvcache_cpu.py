@@ -156,3 +156,15 @@ def test_decode_bench_reports_the_paged_plan_for_paged_rows():
     assert row["config"] == "DecodeConfig(d64 w4 s4)" and row["paged config"] == "DecodeConfig(d64 w8 s3)"
     paged = [i for i in decode_bench.impls(None) if i.name.startswith("ours-paged")]
     assert paged and all(i.plan_of is not None for i in paged)
+
+
+def test_short_caches_of_one_sequence_split_for_half_the_sms_on_sm90():
+    from attention.decode_configs import plan_call
+
+    h100, a100 = device.profile("h100_sxm"), device.profile("a100_80gb")
+    one_seq = _problem(batch=1, kv_heads=32, max_keys=1024)  # a grid of 32: two splits (64 CTAs), not four
+    assert plan_call(one_seq, h100).splits == 2
+    assert plan_call(_problem(batch=1, heads=16, kv_heads=16, head_dim=64, max_keys=1024), h100).splits == 4
+    assert plan_call(_problem(batch=8, max_keys=1024), h100).splits == 2  # a grid of 64: the fill rule
+    assert plan_call(_problem(batch=1, kv_heads=32, max_keys=8192), h100).splits == 4  # not a short cache
+    assert plan_call(one_seq, a100).splits == 3  # measured on sm_90 only: the fill rule elsewhere
