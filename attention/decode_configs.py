@@ -171,13 +171,13 @@ def plan_splits(problem: DecodeProblem, config: DecodeConfig, spec: DeviceSpec) 
     """Splits per sequence: the fewest whose grid reaches 95 % of the best wave efficiency over 1..MAX_SPLITS
     (FlashAttention's heuristic) counting one CTA per SM, each split keeping at least MIN_STAGES_PER_SPLIT stages
     of keys. Measured on an H100 (one sequence, 32/8 heads, d128): 12-16 splits of an 8k-32k cache beat 26-32 by
-    5-8 %. The floor of two stages binds only on short caches: B1 L1k 32/8 and 16/16 d64 take 8 splits of two
-    stages, which beat 4 of four by 2-3 % contiguous and 4-8 % paged (held, 2026-11-25; 4 was the floor while
-    the last split's merge read the partials one row at a time). On sm_90 a cache of at most SHORT_SPLIT_KEYS keys
-    whose unsplit grid fills at most a quarter of the SMs (one sequence) is split for half the SMs: B1 L1k 32/32
-    2 splits beat 4 by 3.8 / 5.1 % (q1 / q4) and 16/16 d64 4 beat 8 by 3.4 / 2.4 %, paged level (H100, held under
-    the read flush, 5 rotated rounds, 2026-11-27); 32/8 keeps 8 (64 CTAs already), and B8 32/8 (a grid of 64)
-    keeps 2, which beat 1 by 2-3 %."""
+    5-8 %. The floor of two stages binds only on short caches: B1 L1k 32/8 takes 8 splits of two stages, which
+    beat 4 of four by 2-3 % contiguous and 4-8 % paged (held, 2026-11-25, under the timer's old memset flush; 4 was
+    the floor while the last split's merge read the partials one row at a time; under the read flush, 2026-11-27:
+    8.99 against 9.54 us). On sm_90 a cache of at most SHORT_SPLIT_KEYS keys whose unsplit grid fills at most a
+    quarter of the SMs (one sequence) is split for half the SMs: B1 L1k 32/32 2 splits beat 4 by 3.8 / 5.1 % (q1 /
+    q4) and 16/16 d64 4 beat 8 by 3.4 / 2.4 %, paged level (H100, held under the read flush, 5 rotated rounds,
+    2026-11-27); 32/8 keeps 8 (64 CTAs already), and B8 32/8 (a grid of 64) keeps 2, which beat 1 by 2-3 %."""
     # one CTA per SM, contiguous or paged: its ring keeps enough loads in flight (two per SM measured slower)
     slots = spec.sm_count
     base = problem.batch * problem.kv_heads * problem.row_tiles
