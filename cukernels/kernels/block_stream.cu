@@ -6,16 +6,12 @@
 // state: mapped host memory, state[0] = the last ticket released (host), state[1] = timed out (device writes 1).
 // Tickets increase, so a holding kernel still waiting from the previous sample is never re-armed by the next.
 
-__device__ __forceinline__ unsigned long long global_ns() {
-    unsigned long long t;
-    asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
-    return t;
-}
+#include "timeline.cuh"  // global_timer_ns
 
 extern "C" __global__ void block_stream(volatile int* state, int ticket, unsigned long long timeout_ns) {
-    const unsigned long long t0 = global_ns();
+    const unsigned long long t0 = global_timer_ns();
     while (state[0] < ticket) {
-        if (global_ns() - t0 > timeout_ns) {
+        if (global_timer_ns() - t0 > timeout_ns) {
             state[1] = 1;
             return;
         }

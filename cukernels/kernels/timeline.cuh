@@ -1,5 +1,6 @@
 // The special registers the kernels' timeline probes read (tools/fwd_timeline.py, tools/decode_timeline.py; only
 // builds with FWD_TIMELINE / DECODE_TIMELINE defined call them): the global timer in ns and the SM a CTA runs on.
+// The timer's stream hold (block_stream.cu) reads the global timer for its time-out.
 #pragma once
 
 __device__ __forceinline__ unsigned long long global_timer_ns() {
