@@ -483,8 +483,12 @@ def kernel_plans(case: bench.Case, spec) -> list[tuple[str, object, object]]:
                 return [(GEMM_SOURCE, decode_name_expression(router.config, up.config, down.config, dt, e),
                          dataclasses.replace(larger, smem_bytes=smem))]
             return [(GEMM_SOURCE, ffn_name_expression(up.config, down.config, dt), larger)]
-        return [(GEMM_SOURCE, up.config.name_expression(dtype=dt, epilogue="swiglu"), up),
-                (GEMM_SOURCE, down.config.name_expression(dtype=dt), down)]
+        # the instances the layer launches: the token gather and the combine fused where the tiles take them
+        flags = sys.modules[grouped_gemm.__module__]  # (moe.grouped_gemm, the module: the package's name is the function)
+        gather = up.config.kind == "tma" and flags.TMA_GATHER and up.config.gathers
+        scatter = down.config.kind == "tma" and flags.TMA_SCATTER and down.config.scatters and k <= 2
+        return [(GEMM_SOURCE, up.config.name_expression(dtype=dt, epilogue="swiglu", gather=gather), up),
+                (GEMM_SOURCE, down.config.name_expression(dtype=dt, scatter=scatter), down)]
     if p["kind"] in _ROUTING:
         route = configs.plan_route(configs.RouteProblem(tokens=p["tokens"], experts=p["experts"], top_k=p["top_k"],
                                                         dtype=p["dtype"]), spec)

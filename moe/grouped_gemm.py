@@ -156,7 +156,7 @@ class GemmCall:
     and prefetches its first weights into L2 before its programmatic wait (``self.early`` bytes per CTA)."""
 
     def __init__(self, problem: gemm_configs.GemmProblem, config, dtype: np.dtype, frame, gather: int = 0,
-                 dense: bool = False, rope: tuple[int, int] = (1, 0), early: bool = False):
+                 dense: bool = False, rope: tuple[int, int] = (1, 0), early: bool = False, scatter: int = 0):
         import cupy
 
         self.frame, self.dense_offsets, self.problem = frame, None, problem
@@ -174,6 +174,8 @@ class GemmCall:
                                      f"{config.block_k} (K = {problem.k}); every split needs one")
             takes = config.kind == "skinny" or (TMA_GATHER and config.gathers and problem.epilogue in (None, "swiglu"))
             self.config, self.gather = config, int(gather) if takes else 0
+            self.scatter = (int(scatter) if TMA_SCATTER and 1 <= scatter <= 2 and config.scatters
+                            and problem.epilogue is None and problem.out_dtype is None else 0)
             n_out = problem.n // 2 if problem.epilogue == "swiglu" else problem.n
             self.out_shape, self.out_dtype = (problem.rows, n_out), dtypes.dtype_name(out_dtype)
             self.empty = problem.rows == 0
@@ -186,7 +188,8 @@ class GemmCall:
             a_arg, b_arg = P(0), P(1)
             tma_gather = config.kind == "tma" and self.gather > 0
             kern = launch.kernel(SOURCE, config.name_expression(dtype=dtype, epilogue=problem.epilogue,
-                                                                out_dtype=out_dtype, gather=tma_gather))
+                                                                out_dtype=out_dtype, gather=tma_gather,
+                                                                scatter=self.scatter > 0))
             clusters, out_args = None, (P(2),)
             if config.kind == "tma":  # tensor maps over a [rows, K], b [experts * N, K] and out [rows, n_out]
                 from cukernels import tma
@@ -200,7 +203,7 @@ class GemmCall:
                 # out: 64 x 64 boxes of the epilogue's staging blocks (and the pointer, for partial slabs). A split-K
                 # plan (fp32 sums, or sums added across a cluster and stored by the threads) never stores through
                 # the map: a's map fills the slot (already bound, so no third encode per call where out moves)
-                no_store = config.split_k > 1 or config.cluster_k > 1
+                no_store = config.split_k > 1 or config.cluster_k > 1 or self.scatter > 0
                 out_map = a_arg if no_store else tma.TensorMap(2, (n_out, problem.rows), (n_out * 2,), (64, 64),
                                                                swizzle=128, index=2)
                 out_args = (out_map, P(2))
@@ -215,8 +218,11 @@ class GemmCall:
             if tma_gather:  # b's map, out's; the groups; a (the token rows), 5: the index, its divisor
                 args = (b_arg, *out_args, P(3), P(4), np.int32(problem.experts), np.int32(problem.n),
                         np.int32(problem.k), np.int32(problem.rows), P(0), P(5), np.int32(self.gather))
+            if self.scatter:  # a's and b's maps; out is [rows / scatter, N]; 5: the index (the sorted slots), divisor
+                args = (a_arg, b_arg, P(2), P(3), P(4), np.int32(problem.experts), np.int32(problem.n),
+                        np.int32(problem.k), np.int32(problem.rows), P(5), np.int32(self.scatter))
             splits = config.split_k if config.kind == "tma" else 1
-            if config.kind == "tma" and not tma_gather:  # 6: the split sums [splits, rows, N] fp32 (unused unsplit)
+            if config.kind == "tma" and not tma_gather and not self.scatter:  # 6: the split sums [splits, rows, N] fp32 (unused unsplit)
                 args += (P(6), np.int32(splits), np.int32(problem.rows))
                 if config.cluster_size == 1:  # 7, 8: the rotary tables (0: none), their rows, the rotated columns
                     args += (P(7), P(8), np.int32(rope[0]), np.int32(rope[1]))
@@ -274,6 +280,8 @@ class GemmCall:
         self.reduce.launch(stream, ptrs)  # owner (a local) holds the scratch until both are enqueued
 
     def __call__(self, pa: int, pb: int, poffsets: int, pscale: int, pcos: int = 0, psin: int = 0):
+        if self.scatter:
+            raise RuntimeError("a GemmCall made with scatter= adds into a zeroed output: call enqueue() with it")
         f = self.frame
         out, pout = f.empty(self.out_shape, self.out_dtype)
         self.enqueue(f.stream(), pa, pb, pout, poffsets, pscale, 0, pcos, psin)
@@ -457,6 +465,12 @@ def _validated(a, b, offsets, epilogue, row_scale, out_dtype, config, rotary=Non
 # The layer's token gather fused into the up-projection's loads on the 128 x 256 tma tiles (alone or in pairs;
 # docs/perf/grouped_gemm.md "v7.3"). False: the layer gathers the rows by a launch of its own (A/B, tests).
 TMA_GATHER = True
+# The layer's combine fused into the down-projection where it runs in pairs (groups of >= 1,024 rows on average),
+# for top-k <= 2: each row added into its token's row of the zeroed output by 16-byte bf16x2 / f16x2 reductions,
+# deterministic and bitwise equal to the combine launch (moe_grouped_gemm_tma_pair_scatter). The layer's time is
+# level with the combine launch's and its workspace has no y (docs/perf/grouped_gemm.md "v7.4"). False: the
+# down-projection writes y and the combine launch sums it.
+TMA_SCATTER = True
 _NO_OFFSETS = (None, 0)  # offsets=None: its view (no key, a null pointer)
 
 

@@ -6,7 +6,10 @@ A forward is at most eight launches from one cached plan per (x's signature, wei
 the permutation and every intermediate live in one workspace allocation; the output is the only other one. With
 decode-sized groups (skinny tiles) and on the 128 x 256 tma tiles of sm_90a (``grouped_gemm.TMA_GATHER``: the
 producer warpgroup copies the token rows into the pipeline) the up-projection gathers the token rows itself (no
-gather launch), and with fewer rows than
+gather launch), and where the down-projection runs on that tile in pairs with top-k <= 2 it adds its rows into
+the zeroed output itself (``grouped_gemm.TMA_SCATTER``: no y, no combine launch; deterministic, the combine
+launch's bits); with
+fewer rows than
 experts both expert GEMMs and the combine run as one launch (``grouped_gemm.SkinnyFFN``; ``FUSED_COMBINE``): four
 launches; and with the router GEMM on a skinny tile too, the router GEMM, routing and permutation run in that
 launch (``grouped_gemm.SkinnyDecode``, the routing built in each CTA's shared memory): the whole layer in one.
@@ -75,9 +78,9 @@ class LayerCall:
         rows = tokens * top_k
         name = self.dtype
         with cupy.cuda.Device(frame.device_id):
-            gemm = lambda rows_, n, k, e, epi, out=None, gather=0, early=False: GemmCall(  # noqa: E731
+            gemm = lambda rows_, n, k, e, epi, out=None, gather=0, early=False, scatter=0: GemmCall(  # noqa: E731
                 GemmProblem(rows=rows_, n=n, k=k, experts=e, dtype=name, epilogue=epi, out_dtype=out), None, dtype,
-                frame, gather, early=early)
+                frame, gather, early=early, scatter=scatter)
             self.router = gemm(tokens, experts, hidden, 1, None, "fp32")
             self.route = RouteCall(configs.RouteProblem(tokens=tokens, experts=experts, top_k=top_k, dtype="fp32"),
                                    "softmax", True, frame)
@@ -86,7 +89,10 @@ class LayerCall:
             # decode-sized groups: the up-projection's skinny tiles read the token rows themselves
             self.up = gemm(rows, n_up, hidden, experts, activation, gather=top_k, early=EARLY_WEIGHTS)
             self.fused_gather = self.up.gather > 0
-            self.down = gemm(rows, hidden, inter, experts, None, early=EARLY_WEIGHTS)
+            # on the 128 x 256 tma tile in pairs with top-k <= 2 the down-projection adds its rows into the tokens'
+            # rows of the zeroed output itself (grouped_gemm.TMA_SCATTER): no y, no combine launch
+            self.down = gemm(rows, hidden, inter, experts, None, early=EARLY_WEIGHTS, scatter=top_k)
+            self.fused_scatter = self.down.scatter > 0
             self.ffn = (SkinnyFFN(self.up, self.down, dtype, top_k, EARLY_WEIGHTS)
                         if FUSED_FFN and SkinnyFFN.fits(self.up, self.down) else None)
             self.decode = (SkinnyDecode(self.router, self.up, self.down, dtype, top_k, EARLY_WEIGHTS)
@@ -100,7 +106,8 @@ class LayerCall:
             self._memset, self._capturing = cupy.cuda.runtime.memsetAsync, cupy.cuda.runtime.streamIsCapturing
             # x and the workspace's rows are 16-byte aligned (x is checked per call; K % 8 == 0 makes rows so)
             # (none where the fused kernel combines: it would be planned and compiled and never launched)
-            self.combine = None if self.fused_combine else combine_launcher(tokens, hidden, top_k, dtype, 16)
+            self.combine = (None if self.fused_combine or self.fused_scatter else
+                            combine_launcher(tokens, hidden, top_k, dtype, 16))
             self.gather_launcher = None if self.fused_gather else gather_launcher(rows, hidden, top_k, dtype, 16)
             # the router GEMM's one group: rows [0, tokens) (a constant, made before any capture)
             self.one_group = cupy.asarray([0, tokens], dtype=cupy.int32)
@@ -111,7 +118,8 @@ class LayerCall:
         self.at = {"logits": ws.add(4 * tokens * experts), "routing": ws.add(self.route.nbytes),
                    "dispatch": ws.add(self.permute.nbytes), "row_weight": ws.add(4 * rows),
                    "xs": ws.add(0 if self.fused_gather else es * rows * hidden), "h": ws.add(es * rows * inter),
-                   "y": ws.add(es * rows * hidden), "sync": ws.add(self._sync_bytes)}
+                   "y": ws.add(0 if self.fused_scatter else es * rows * hidden), "sync": ws.add(self._sync_bytes)}
+        self._out_bytes = es * tokens * hidden
         self.nbytes = ws.nbytes
 
     def __call__(self, px: int, router_b: int, w_gate_up: int, w_down: int):
@@ -122,6 +130,8 @@ class LayerCall:
         at = {k: base + off for k, off in self.at.items()}
         sync = self._sync_buffer(stream, at["sync"]) if self._sync_bytes else 0  # (a memset: before the chain)
         sorted_slots, inverse, offsets, _ = (at["dispatch"] + off for off in self.permute.out_offsets)
+        if self.fused_scatter:  # the down-projection adds into it (a memset: before the chain)
+            self._memset(pout, 0, self._out_bytes, stream)
         if self.decode is not None:
             self.decode.enqueue(stream, px, router_b, at["logits"], w_gate_up, at["h"], w_down, at["y"], inverse, sync,
                                 pout if self.fused_combine else 0)
@@ -142,6 +152,9 @@ class LayerCall:
         else:
             self.gather_launcher.launch(stream, (px, sorted_slots, at["xs"]))
             self.up.enqueue(stream, at["xs"], w_gate_up, at["h"], offsets, 0, pcounts=counts)
+        if self.fused_scatter:
+            self.down.enqueue(stream, at["h"], w_down, pout, offsets, at["row_weight"], sorted_slots, pcounts=counts)
+            return out
         if self.ffn is None:
             self.down.enqueue(stream, at["h"], w_down, at["y"], offsets, at["row_weight"], pcounts=counts)
         self.combine.launch(stream, (at["y"], inverse, 0, pout))  # weights already applied: unit weights

@@ -412,43 +412,71 @@ def test_layer_matches_reference(dtype, activation):
     res.raise_if_failed()
 
 
-@pytest.mark.parametrize("pair", [False, True])
-def test_layer_tma_gather_equals_gather_launch(pair):
-    """The token gather fused into the up-projection's loads on the 128 x 256 tma tile (alone and in pairs): the
-    layer's output bitwise equal to the one with the gather launch, within tolerance of the reference; groups of
-    ragged size (tails of pairs), K with a tail of the 64-wide k tile; again under a CUDA graph with fresh inputs."""
+def _layer_fused_against_launch(flag, pair, dtype, top_k, seed, check_call):
+    """The seed-``seed`` layer (1,500 tokens, hidden 328, 8 experts, SwiGLU) with its expert GEMMs forced onto the
+    128 x 256 tma tile (``pair``: in pairs), built and called with ``moe.grouped_gemm.<flag>`` False then True:
+    ``check_call(call, fused)`` on each cached call, each output bitwise equal over two calls and between the two
+    settings, within tolerance of the reference, and again under a CUDA graph with fresh inputs."""
     import importlib
 
     from moe import layer as layer_mod
 
     gg = importlib.import_module("moe.grouped_gemm")  # (``from moe import grouped_gemm`` is the function)
     _tma_configs()
-    dtype, top_k = dtypes.BF16, 2
-    x, router, w_up, w_down = _layer(1500, 328, 384, 8, top_k, dtype, "swiglu", seed=5)
+    x, router, w_up, w_down = _layer(1500, 328, 384, 8, top_k, dtype, "swiglu", seed=seed)
     tile = gemm_configs.TMA_PAIR[0] if pair else gemm_configs.TMA[0]
     outs = {}
     try:
         for fused in (False, True):
-            gg.TMA_GATHER = fused
+            setattr(gg, flag, fused)
             layer_mod._LAYER.clear()
             with gemm_configs.expert_gemms_planned_as(tile):
                 layer = MoELayer(router, w_up, w_down, top_k)
                 checks.poison_pool(64 << 20)
                 outs[fused] = layer(x)
+                again = layer(x)
             key = (*(layer_mod._launch.view(t)[0] for t in (x, layer.router_b, layer.w_gate_up, layer.w_down)),
                    top_k, "swiglu")
-            call = layer_mod._LAYER.get(key)
-            assert call.up.config == tile and call.fused_gather == fused, (call.up.config, call.fused_gather)
-        assert bool((outs[False] == outs[True]).all()), "fused gather differs from the gather launch"
+            check_call(layer_mod._LAYER.get(key), tile, fused)
+            assert bool((again == outs[fused]).all()), f"{flag}={fused}: a second call differs"
+        assert bool((outs[False] == outs[True]).all()), f"{flag}: the fused layer differs from the launches'"
         ref = reference_forward(x, router, w_up, w_down, top_k)
         naive = _naive(reference_forward(x, router, w_up, w_down, top_k, round_to=dtype), dtype)
-        checks.compare(outs[True], ref, tol=TOL["bf16"], naive=naive, name="tma gather").raise_if_failed()
-        x2 = dtypes.random(x.shape, dtype, seed=77)
+        checks.compare(outs[True], ref, tol=TOL[dtypes.dtype_name(dtype)], naive=naive, name=flag).raise_if_failed()
+        x2 = dtypes.random(x.shape, dtype, seed=seed + 70)
         with gemm_configs.expert_gemms_planned_as(tile):
             _graph_replays(layer, x, ((x2, layer(x2)), (x, outs[True])))
     finally:
-        gg.TMA_GATHER = True
+        setattr(gg, flag, True)
         layer_mod._LAYER.clear()
+
+
+@pytest.mark.parametrize("pair", [False, True])
+def test_layer_tma_gather_equals_gather_launch(pair):
+    """The token gather fused into the up-projection's loads on the 128 x 256 tma tile (alone and in pairs): the
+    layer's output bitwise equal to the one with the gather launch, within tolerance of the reference; groups of
+    ragged size (tails of pairs), K with a tail of the 64-wide k tile; again under a CUDA graph with fresh inputs."""
+    def check(call, tile, fused):
+        assert call.up.config == tile and call.fused_gather == fused, (call.up.config, call.fused_gather)
+
+    _layer_fused_against_launch("TMA_GATHER", pair, dtypes.BF16, 2, 5, check)
+
+
+@pytest.mark.parametrize("pair", [False, True], ids=["tile", "pair"])
+@pytest.mark.parametrize("dtype,top_k", [(dtypes.BF16, 2), (dtypes.FP16, 2), (dtypes.BF16, 1), (dtypes.BF16, 3)],
+                         ids=["bf16-top2", "fp16-top2", "bf16-top1", "bf16-top3"])
+def test_layer_tma_scatter_equals_combine_launch(pair, dtype, top_k):
+    """The combine fused into the down-projection on the 128 x 256 tma tile in pairs (the single tile keeps the
+    combine launch): each row added into its token's row of the zeroed output by 16-byte reductions. With top-k <= 2
+    the layer's output is bitwise equal to the one with the combine launch, call after call (the reductions' order
+    cannot move a bit), within tolerance of the reference, and again under a CUDA graph with fresh inputs; ragged
+    groups, hidden 328 (a partial pass and a tile past the last column). Top-k 3 keeps the combine launch."""
+    def check(call, tile, fused):
+        assert call.down.config == tile and call.fused_scatter == (fused and pair and top_k <= 2), (
+            call.down.config, call.fused_scatter)
+        assert (call.combine is None) == call.fused_scatter
+
+    _layer_fused_against_launch("TMA_SCATTER", pair, dtype, top_k, 7 + top_k, check)
 
 
 @pytest.mark.parametrize("tokens,experts,top_k", [(1, 64, 8), (5, 16, 4), (24, 8, 2)])

@@ -171,8 +171,8 @@ def gemm_cases():
             for cfg in (*gemm_configs.TMA_64, gemm_configs.TMA_128[0], gemm_configs.TMA[0]):
                 if gemm_configs.ROPE[hd] in cfg.epilogues():
                     grouped_gemm(a, b512, None, rotary=(cos, sin, 256), config=cfg)
-        # the layer's up-projection gathering the token rows in its loads (the 128 x 256 tile alone and in pairs;
-        # ragged groups, a K tail of the 64-wide k tile)
+        # the layer's up-projection gathering the token rows in its loads and its down-projection adding its rows
+        # into the tokens' (the 128 x 256 tile alone and in pairs; ragged groups, a K tail of the 64-wide k tile)
         _tma_gather_layers(gemm_configs.TMA[0], gemm_configs.TMA_PAIR[0])
 
 

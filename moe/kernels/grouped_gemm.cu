@@ -46,6 +46,18 @@ constexpr int GROUP_M = 8;
 // rounds): the IEEE division's correction steps made SwiGLU epilogues 3-4 % of the time of a K = 2048 tile.
 __device__ __forceinline__ float silu(float x) { return __fdividef(x, 1.f + __expf(-x)); }
 
+// out[0:8] += v (eight 16-bit values) as one 16-byte reduction in L2 (sm_90: red.add.noftz on vectors of
+// bf16x2 / f16x2, rounded to nearest)
+template <typename T> __device__ __forceinline__ void red_add_16B(T* out, uint4 v);
+template <> __device__ __forceinline__ void red_add_16B<__nv_bfloat16>(__nv_bfloat16* out, uint4 v) {
+    asm volatile("red.global.add.noftz.v4.bf16x2 [%0], {%1, %2, %3, %4};\n" ::"l"(out), "r"(v.x), "r"(v.y), "r"(v.z),
+                 "r"(v.w) : "memory");
+}
+template <> __device__ __forceinline__ void red_add_16B<__half>(__half* out, uint4 v) {
+    asm volatile("red.global.add.noftz.v4.f16x2 [%0], {%1, %2, %3, %4};\n" ::"l"(out), "r"(v.x), "r"(v.y), "r"(v.z),
+                 "r"(v.w) : "memory");
+}
+
 template <int EPI> __device__ __forceinline__ float activate(float x) {
     if constexpr (EPI == EPI_GELU) return 0.5f * x * (1.f + erff(x * 0.70710678118654752f));
     else return x;
@@ -504,7 +516,8 @@ moe_grouped_gemm_wgmma(const T* __restrict__ a, const T* __restrict__ b, TO* __r
 // L2 evict-last policy: every n-tile of a group reads them again, and without it the weights streaming through L2
 // evict them (the memory-bound up-projection at 2,048 tokens moved 7.5 GB instead of 6.0: 0.82x the layer with
 // the gather launch; with it 1.00x, docs/perf/grouped_gemm.md "v7.3").
-template <typename T, int STAGES, int EPI, int CM, int BN, int CK = 1, int CW = 2, bool GATHER = false>
+template <typename T, int STAGES, int EPI, int CM, int BN, int CK = 1, int CW = 2, bool GATHER = false,
+          bool SCATTER = false>
 __device__ __forceinline__ void grouped_gemm_tma(const tma::TensorMap& a_map, const tma::TensorMap& b_map,
                                                  const tma::TensorMap& out_map, T* __restrict__ out,
                                                  const int* __restrict__ offsets, const float* __restrict__ row_scale,
@@ -528,6 +541,8 @@ __device__ __forceinline__ void grouped_gemm_tma(const tma::TensorMap& a_map, co
     static_assert(!GATHER || (CW == 2 && CK == 1 && HD == 0 && STAGES >= 2),
                   "the fused gather: 128-row tiles, no split, no rotary");
     static_assert(CK == 1 || (CM == 1 && BN <= 128 && CK <= 4), "clusters along K: 2-4 CTAs, 64/128-column tiles");
+    static_assert(!SCATTER || (!GATHER && EPI == EPI_NONE && CW == 2 && BN == 256 && CK == 1),
+                  "the fused combine: plain 128 x 256 tiles, no gather, no split");
     constexpr int CS = CM * CK;  // CTAs per cluster
 
     extern __shared__ __align__(1024) unsigned char smem_raw[];
@@ -873,8 +888,18 @@ __device__ __forceinline__ void grouped_gemm_tma(const tma::TensorMap& a_map, co
             constexpr int PASS_COLS = EPI == EPI_SWIGLU ? BN / 2 : BN / PASSES;  // output columns per pass
             constexpr int CHUNKS = PASS_COLS / 8;              // 16-byte chunks per staged row
             // whole 64-row slabs leave by TMA store (clipped at N) in 64-column boxes; a 32-column pass (SwiGLU
-            // on a 64-column tile) by row stores
-            const bool whole = rows_here == 64 && PASS_COLS >= 64;
+            // on a 64-column tile) by row stores; SCATTER: every row added to its token's row of out (below)
+            const bool whole = !SCATTER && rows_here == 64 && PASS_COLS >= 64;
+            constexpr int ROW_ITERS = (64 * CHUNKS + 127) / 128;  // 16-byte chunks per thread and pass
+            static_assert(!SCATTER || 128 % CHUNKS == 0, "a thread's chunks lie in the same rows in every pass");
+            int token[SCATTER ? ROW_ITERS : 1];  // SCATTER: the token of each row this thread adds (read once)
+            if constexpr (SCATTER) {
+#pragma unroll
+                for (int i = 0; i < ROW_ITERS; ++i) {
+                    const int r = (tg + 128 * i) / CHUNKS;
+                    token[i] = r < rows_here ? __ldg(gindex + row0 + r) / gdiv : 0;
+                }
+            }
 #pragma unroll
             for (int p = 0; p < PASSES; ++p) {
                 if (tg == 0) tma::store_wait_read();  // the last stores from this buffer have read it
@@ -914,14 +939,17 @@ __device__ __forceinline__ void grouped_gemm_tma(const tma::TensorMap& a_map, co
                 }
                 ws::bar_sync(1 + g, 128);
 #pragma unroll
-                for (int i = 0; i < (64 * CHUNKS + 127) / 128; ++i) {
+                for (int i = 0; i < ROW_ITERS; ++i) {
                     const int idx = tg + 128 * i, r = idx / CHUNKS, ch = idx % CHUNKS;
                     if (r < rows_here && col0 + ch * 8 < n_out) {
                         const unsigned addr = staged(r, ch * 8);
                         uint4 v;
                         asm volatile("ld.shared.v4.b32 {%0, %1, %2, %3}, [%4];\n"
                                      : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w) : "r"(addr));
-                        *reinterpret_cast<uint4*>(out + (size_t)(row0 + r) * n_out + col0 + ch * 8) = v;
+                        if constexpr (SCATTER)
+                            red_add_16B<T>(out + (size_t)token[i] * n_out + col0 + ch * 8, v);
+                        else
+                            *reinterpret_cast<uint4*>(out + (size_t)(row0 + r) * n_out + col0 + ch * 8) = v;
                     }
                 }
             }
@@ -970,6 +998,26 @@ moe_grouped_gemm_tma_pair_gather(const __grid_constant__ tma::TensorMap b_map,
     grouped_gemm_tma<T, STAGES, EPI, 2, 256, 1, 2, true>(b_map, b_map, out_map, out, offsets, row_scale, experts, N,
                                                          K, nullptr, 1, rows, nullptr, nullptr, 1, 0, x, index,
                                                          divisor);
+}
+
+// The MoE layer's down-projection with the combine fused (SCATTER in grouped_gemm_tma; pairs only: on the single
+// 128 x 256 tile at 128 rows per expert the reductions cost the layer 1.5-1.9 %, docs/perf/grouped_gemm.md
+// "v7.4"): row r of the groups is added to row index[r] / divisor of out [tokens, N] (zeroed before the launch)
+// by 16-byte reductions
+// (red.add.noftz on bf16x2 / f16x2), and never stored as expert-ordered rows. With at most two rows per token this
+// is deterministic and bitwise equal to moe_combine's fp32 sum of the two rounded rows: the first reduction adds
+// a row to zero, which is exact, and the second rounds the exact sum of two 16-bit values once, whichever comes
+// first (a sum of two 16-bit floats rounded through fp32 first is the same: 24 >= 2 p + 2 bits, so the double
+// rounding is innocuous). More rows per token would depend on the order: the layer keeps the combine launch there.
+template <typename T, int STAGES, int EPI>
+__global__ void __launch_bounds__(384, 1) CLUSTER_OF(2)
+moe_grouped_gemm_tma_pair_scatter(const __grid_constant__ tma::TensorMap a_map,
+                                  const __grid_constant__ tma::TensorMap b_map, T* __restrict__ out,
+                                  const int* __restrict__ offsets, const float* __restrict__ row_scale, int experts,
+                                  int N, int K, int rows, const int* __restrict__ index, int divisor) {
+    grouped_gemm_tma<T, STAGES, EPI, 2, 256, 1, 2, false, true>(a_map, b_map, a_map, out, offsets, row_scale, experts,
+                                                                N, K, nullptr, 1, rows, nullptr, nullptr, 1, 0,
+                                                                nullptr, index, divisor);
 }
 
 template <typename T, int STAGES, int EPI>
