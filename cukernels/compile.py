@@ -174,14 +174,41 @@ class Kernel:
 
 _cache: dict[tuple, Kernel] = {}
 _cache_lock = threading.Lock()
+_BUILT_WITH: list = []  # (options, name part, kernels built) of the open kernels_built_with blocks
+
+
+@contextlib.contextmanager
+def kernels_built_with(options: Sequence[str], name_part: str = ""):
+    """Within the block, every kernel whose name expression contains ``name_part`` is built with the extra compile
+    ``options`` appended (``-DMACRO=V``: a probe or a kernel variant behind an ``#if``, for A/B runs; the innermost
+    matching block wins); yields the list of the kernels so built. Every package's kernel lookups go through
+    ``kernel`` and honour it; an op's call cached meanwhile keeps the kernels it was made with, so the caller clears
+    the ops' caches around the block (``moe.launch.kernels_built_with`` also clears the MoE plan cache)."""
+    entry = (tuple(options), name_part, [])
+    _BUILT_WITH.append(entry)
+    try:
+        yield entry[2]
+    finally:
+        _BUILT_WITH.remove(entry)
 
 
 def kernel(source: Path | str, name_expression: str, *, options: Sequence[str] = ()) -> Kernel:
-    """Compile (once per process, device, source, options) and return the kernel ``name_expression``.
+    """Compile (once per process, device, source, options) and return the kernel ``name_expression``, with the
+    options of an open ``kernels_built_with`` block whose name part it contains.
 
     The hot path is one dictionary lookup: sources are read and hashed only on the first call for a key, so a
     kernel file edited while a process runs is picked up by the next process (CuPy's disk cache is keyed on the
     digest of the whole kernels folder, so it never serves a stale binary)."""
+    if _BUILT_WITH:
+        for extra, part, built in reversed(_BUILT_WITH):
+            if part in name_expression:
+                kern = _build(source, name_expression, (*options, *extra))
+                built.append(kern)
+                return kern
+    return _build(source, name_expression, options)
+
+
+def _build(source: Path | str, name_expression: str, options: Sequence[str]) -> Kernel:
     import cupy
 
     dev_id = cupy.cuda.runtime.getDevice()

@@ -30,31 +30,23 @@ def _kernel(dev: int, source: Path, name_expression: str) -> _compile.Kernel:
     return _compile.kernel(source, name_expression)
 
 
-_BUILT_WITH: list = []  # (options, name part, kernels built) of the open kernels_built_with blocks
-
-
 def kernel(source: Path, name_expression: str) -> _compile.Kernel:
-    for options, part, built in reversed(_BUILT_WITH):
-        if part in name_expression:
-            kern = _compile.kernel(source, name_expression, options=options)
-            built.append(kern)
-            return kern
+    if _compile._BUILT_WITH:  # a kernels_built_with block is open: the engine's lookup applies its options
+        return _compile.kernel(source, name_expression)
     return _kernel(device_id(), source, name_expression)
 
 
 @contextlib.contextmanager
 def kernels_built_with(options: tuple[str, ...], name_part: str = ""):
-    """Within the block, the package's kernels whose name expression contains ``name_part`` are built with the
-    extra compile ``options`` (``-DMACRO=V``: a probe or a kernel variant behind an ``#if``; tools/layer_ab.py,
-    tools/decode_timeline.py); yields the list of the kernels so built. The plan cache is cleared on entry and exit;
-    calls an op cached meanwhile keep the kernels they were made with (the caller clears the op caches)."""
-    built: list = []
-    _BUILT_WITH.append((tuple(options), name_part, built))
+    """``cukernels.compile.kernels_built_with`` (the kernels whose name expression contains ``name_part`` built
+    with the extra compile ``options``; tools/layer_ab.py, tools/decode_timeline.py), with the package's plan cache
+    cleared on entry and exit; yields the list of the kernels so built. Calls an op cached meanwhile keep the
+    kernels they were made with (the caller clears the op caches)."""
     _plan.cache_clear()
     try:
-        yield built
+        with _compile.kernels_built_with(options, name_part) as built:
+            yield built
     finally:
-        _BUILT_WITH.remove((tuple(options), name_part, built))
         _plan.cache_clear()
 
 

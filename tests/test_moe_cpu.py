@@ -306,13 +306,15 @@ def test_decode_timeline_summary_of_stamps(decode_timeline_tool):
 
 
 def test_kernels_built_with_adds_options_to_matching_kernels(monkeypatch):
-    """moe.launch.kernels_built_with: within the block the kernels whose names contain the part are built with the
-    extra options (and listed), the others and every kernel after the block as the engine builds them."""
+    """moe.launch.kernels_built_with (cukernels.compile.kernels_built_with): within the block the kernels whose names
+    contain the part are built with the extra options (and listed), the others and every kernel after the block as
+    the engine builds them; a lookup outside the MoE package (attention's) honours an engine block the same way,
+    after the caller's own options, and the innermost matching block wins."""
     from cukernels import compile as _compile
     from moe import launch as ml
 
     seen = []
-    monkeypatch.setattr(_compile, "kernel", lambda source, name, options=(): seen.append((name, tuple(options))) or name)
+    monkeypatch.setattr(_compile, "_build", lambda source, name, options: seen.append((name, tuple(options))) or name)
     monkeypatch.setattr(ml, "device_id", lambda: 0)
     ml._kernel.cache_clear()
     try:
@@ -320,8 +322,15 @@ def test_kernels_built_with_adds_options_to_matching_kernels(monkeypatch):
             ml.kernel(ml.KERNELS / "grouped_gemm.cu", "moe_decode_skinny<float>")
             ml.kernel(ml.KERNELS / "grouped_gemm.cu", "moe_ffn_skinny<float>")
         ml.kernel(ml.KERNELS / "grouped_gemm.cu", "moe_decode_skinny<float>")
+        with _compile.kernels_built_with(("-DA=1",), "flash") as outer, \
+                _compile.kernels_built_with(("-DB=2",), "flash_decode") as inner:
+            _compile.kernel("flash_decode.cu", "flash_decode<1>", options=("-DX",))
+            _compile.kernel("flash_fwd.cu", "flash_fwd<1>")
+            _compile.kernel("copy.cu", "copy_kernel")
     finally:
         ml._kernel.cache_clear()
     assert seen == [("moe_decode_skinny<float>", ("-DPROBE=4",)), ("moe_ffn_skinny<float>", ()),
-                    ("moe_decode_skinny<float>", ())]
-    assert built == ["moe_decode_skinny<float>"] and not ml._BUILT_WITH
+                    ("moe_decode_skinny<float>", ()), ("flash_decode<1>", ("-DX", "-DB=2")),
+                    ("flash_fwd<1>", ("-DA=1",)), ("copy_kernel", ())]
+    assert built == ["moe_decode_skinny<float>"] and outer == ["flash_fwd<1>"] and inner == ["flash_decode<1>"]
+    assert not _compile._BUILT_WITH
