@@ -8,11 +8,10 @@ decode-sized groups (skinny tiles) and on the 128 x 256 tma tiles of sm_90a (``g
 producer warpgroup copies the token rows into the pipeline) the up-projection gathers the token rows itself (no
 gather launch), and where the down-projection runs on that tile in pairs with top-k <= 2 it adds its rows into
 the zeroed output itself (``grouped_gemm.TMA_SCATTER``: no y, no combine launch; deterministic, the combine
-launch's bits); with
-fewer rows than
-experts both expert GEMMs and the combine run as one launch (``grouped_gemm.SkinnyFFN``; ``FUSED_COMBINE``): four
-launches; and with the router GEMM on a skinny tile too, the router GEMM, routing and permutation run in that
-launch (``grouped_gemm.SkinnyDecode``, the routing built in each CTA's shared memory): the whole layer in one.
+launch's bits); with fewer rows than experts both expert GEMMs and the combine run as one launch
+(``grouped_gemm.SkinnyFFN``; ``FUSED_COMBINE``): four launches; and with the router GEMM on a skinny tile too,
+the router GEMM, routing and permutation run in that launch (``grouped_gemm.SkinnyDecode``, the routing built in
+each CTA's shared memory): the whole layer in one.
 
 Weights:
 
