@@ -69,13 +69,15 @@ def check_strides(name: str, shape, strides) -> None:
 
 
 def _check_ids(name: str, ids, batch: int, seq: int, seq_name: str):
-    shape, _, _, dev, _ = _describe_ids(ids, name)
+    shape, _, _, dev, _ = describe_ids(ids, name)
     if shape != (batch, seq):
         raise ValueError(f"{name} must have shape [batch, {seq_name}] = {[batch, seq]}, got {list(shape)}")
     return dev
 
 
-def _describe_ids(ids, name):
+def describe_ids(ids, name):
+    """``describe`` of an int32 index array (segment ids, cu_seqlens: cupy or torch CUDA), shaped like its result:
+    (shape, None, None, device id or None where not on a GPU, None); a clear error naming ``name`` otherwise."""
     if ids is None or not hasattr(ids, "shape") or not hasattr(ids, "dtype"):
         raise TypeError(f"{name} must be an int32 cupy.ndarray or torch CUDA tensor, got {type(ids).__name__}")
     module = type(ids).__module__

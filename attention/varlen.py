@@ -36,7 +36,7 @@ def _check_cu(name: str, cu, batch: int | None) -> tuple[int, int | None]:
     """Shape/dtype/contiguity of a cu_seqlens array; returns (batch, device)."""
     if cu is None or not hasattr(cu, "shape") or not hasattr(cu, "dtype"):
         raise TypeError(f"{name} must be an int32 cupy.ndarray or torch CUDA tensor, got {type(cu).__name__}")
-    shape, _, _, dev, _ = api._describe_ids(cu, name)
+    shape, _, _, dev, _ = api.describe_ids(cu, name)
     if len(shape) != 1 or shape[0] < 2:
         raise ValueError(f"{name} must be 1-D [batch + 1] with batch >= 1, got shape {list(shape)}")
     if not _contiguous(cu):
