@@ -26,7 +26,8 @@ from cukernels import bench, checks, cli, compile, dtypes, ncu, tiling, tune
 
 from . import configs, dispatch, ep_bench, gemm_configs, launch, reference, routing, suites
 from .grouped_gemm import SOURCE as GEMM_SOURCE
-from .grouped_gemm import SkinnyDecode, SkinnyFFN, decode_name_expression, ffn_name_expression, grouped_gemm
+from .grouped_gemm import (SkinnyDecode, SkinnyFFN, decode_name_expression, ffn_name_expression, grouped_gemm,
+                           tma_gathers, tma_scatters)
 from .layer import MoELayer
 
 _KINDS = ("route+permute", "gather", "combine", "layer")
@@ -471,8 +472,8 @@ def kernel_plans(case: bench.Case, spec) -> list[tuple[str, object, object]]:
         up_problem = gemm_configs.GemmProblem(rows=tokens * k, n=2 * inter, k=h, experts=e, epilogue="swiglu",
                                               dtype=p["dtype"])
         up = gemm_configs.plan(up_problem, spec)
-        down = gemm_configs.plan(gemm_configs.GemmProblem(rows=tokens * k, n=h, k=inter, experts=e,
-                                                          dtype=p["dtype"]), spec)
+        down_problem = gemm_configs.GemmProblem(rows=tokens * k, n=h, k=inter, experts=e, dtype=p["dtype"])
+        down = gemm_configs.plan(down_problem, spec)
         if SkinnyFFN.planned(up.config, down.config, up_problem):
             # one launch of both (its shared memory: the larger of the two tiles' partial sums)
             larger = max((up, down), key=lambda pl: pl.config.smem_bytes())
@@ -484,9 +485,8 @@ def kernel_plans(case: bench.Case, spec) -> list[tuple[str, object, object]]:
                          dataclasses.replace(larger, smem_bytes=smem))]
             return [(GEMM_SOURCE, ffn_name_expression(up.config, down.config, dt), larger)]
         # the instances the layer launches: the token gather and the combine fused where the tiles take them
-        flags = sys.modules[grouped_gemm.__module__]  # (moe.grouped_gemm, the module: the package's name is the function)
-        gather = up.config.kind == "tma" and flags.TMA_GATHER and up.config.gathers
-        scatter = down.config.kind == "tma" and flags.TMA_SCATTER and down.config.scatters and k <= 2
+        gather = tma_gathers(up.config, "swiglu")
+        scatter = tma_scatters(down.config, down_problem, k)
         return [(GEMM_SOURCE, up.config.name_expression(dtype=dt, epilogue="swiglu", gather=gather), up),
                 (GEMM_SOURCE, down.config.name_expression(dtype=dt, scatter=scatter), down)]
     if p["kind"] in _ROUTING:

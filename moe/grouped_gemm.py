@@ -172,10 +172,9 @@ class GemmCall:
                 if config.kind == "tma" and getattr(config, what) > k_tiles:
                     raise ValueError(f"{config}: {what} {getattr(config, what)} exceeds K's {k_tiles} k tiles of "
                                      f"{config.block_k} (K = {problem.k}); every split needs one")
-            takes = config.kind == "skinny" or (TMA_GATHER and config.gathers and problem.epilogue in (None, "swiglu"))
+            takes = config.kind == "skinny" or tma_gathers(config, problem.epilogue)
             self.config, self.gather = config, int(gather) if takes else 0
-            self.scatter = (int(scatter) if TMA_SCATTER and 1 <= scatter <= 2 and config.scatters
-                            and problem.epilogue is None and problem.out_dtype is None else 0)
+            self.scatter = int(scatter) if scatter and tma_scatters(config, problem, scatter) else 0
             n_out = problem.n // 2 if problem.epilogue == "swiglu" else problem.n
             self.out_shape, self.out_dtype = (problem.rows, n_out), dtypes.dtype_name(out_dtype)
             self.empty = problem.rows == 0
@@ -222,7 +221,8 @@ class GemmCall:
                 args = (a_arg, b_arg, P(2), P(3), P(4), np.int32(problem.experts), np.int32(problem.n),
                         np.int32(problem.k), np.int32(problem.rows), P(5), np.int32(self.scatter))
             splits = config.split_k if config.kind == "tma" else 1
-            if config.kind == "tma" and not tma_gather and not self.scatter:  # 6: the split sums [splits, rows, N] fp32 (unused unsplit)
+            if config.kind == "tma" and not tma_gather and not self.scatter:
+                # 6: the split sums [splits, rows, N] fp32 (unused unsplit)
                 args += (P(6), np.int32(splits), np.int32(problem.rows))
                 if config.cluster_size == 1:  # 7, 8: the rotary tables (0: none), their rows, the rotated columns
                     args += (P(7), P(8), np.int32(rope[0]), np.int32(rope[1]))
@@ -471,6 +471,21 @@ TMA_GATHER = True
 # level with the combine launch's and its workspace has no y (docs/perf/grouped_gemm.md "v7.4"). False: the
 # down-projection writes y and the combine launch sums it.
 TMA_SCATTER = True
+
+
+def tma_gathers(config: gemm_configs.GemmConfig, epilogue: str | None) -> bool:
+    """Whether a tma plan fetches A's rows through an index itself (``TMA_GATHER``; the layer's token gather): the
+    rule GemmCall applies and the bench's ``--plan`` names."""
+    return TMA_GATHER and config.kind == "tma" and config.gathers and epilogue in (None, "swiglu")
+
+
+def tma_scatters(config: gemm_configs.GemmConfig, problem: gemm_configs.GemmProblem, top_k: int) -> bool:
+    """Whether a plan adds its rows into the tokens' rows itself (``TMA_SCATTER``; the layer's combine, for at
+    most two rows per token): the rule GemmCall applies and the bench's ``--plan`` names."""
+    return (TMA_SCATTER and 1 <= top_k <= 2 and config.scatters and problem.epilogue is None
+            and problem.out_dtype is None)
+
+
 _NO_OFFSETS = (None, 0)  # offsets=None: its view (no key, a null pointer)
 
 

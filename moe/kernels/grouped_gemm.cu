@@ -1003,12 +1003,12 @@ moe_grouped_gemm_tma_pair_gather(const __grid_constant__ tma::TensorMap b_map,
 // The MoE layer's down-projection with the combine fused (SCATTER in grouped_gemm_tma; pairs only: on the single
 // 128 x 256 tile at 128 rows per expert the reductions cost the layer 1.5-1.9 %, docs/perf/grouped_gemm.md
 // "v7.4"): row r of the groups is added to row index[r] / divisor of out [tokens, N] (zeroed before the launch)
-// by 16-byte reductions
-// (red.add.noftz on bf16x2 / f16x2), and never stored as expert-ordered rows. With at most two rows per token this
-// is deterministic and bitwise equal to moe_combine's fp32 sum of the two rounded rows: the first reduction adds
-// a row to zero, which is exact, and the second rounds the exact sum of two 16-bit values once, whichever comes
-// first (a sum of two 16-bit floats rounded through fp32 first is the same: 24 >= 2 p + 2 bits, so the double
-// rounding is innocuous). More rows per token would depend on the order: the layer keeps the combine launch there.
+// by 16-byte reductions (red.add.noftz on bf16x2 / f16x2), and never stored as expert-ordered rows (nothing goes
+// through out_map: a's map fills its slot). With at most two rows per token this is deterministic and bitwise
+// equal to moe_combine's fp32 sum of the two rounded rows: the first reduction adds a row to zero, which is exact,
+// and the second rounds the exact sum of two 16-bit values once, whichever comes first (a sum of two 16-bit floats
+// rounded through fp32 first is the same: 24 >= 2 p + 2 bits, so the double rounding is innocuous). More rows per
+// token would depend on the order: the layer keeps the combine launch there.
 template <typename T, int STAGES, int EPI>
 __global__ void __launch_bounds__(384, 1) CLUSTER_OF(2)
 moe_grouped_gemm_tma_pair_scatter(const __grid_constant__ tma::TensorMap a_map,
