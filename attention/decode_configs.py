@@ -42,6 +42,9 @@ SHORT_CACHE_KEYS = 2048  # search_space: head dim >= 128 keeps the 3-stage ring 
 # split for half the SMs (see there); 0 turns it off
 SHORT_SPLIT_KEYS = 1024
 W8_MAX_BANDWIDTH_GBS = 4000.0  # search_space: 8 x 3 on short caches from two waves (H100: yes, H200: no)
+# search_space: a paged cache at head dim 64 takes the 8 x 3 ring where a CTA streams at least this many keys
+# (estimated as keys x min(waves, 1): the splits fill about one wave); shorter streams are faster on 4 x 4 (H100)
+PAGED_D64_W8_MIN_CTA_KEYS = 6144
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -87,9 +90,9 @@ class DecodeConfig:
         return 2 * self.head_dim * (ROWS_PER_TILE + 2 * self.stages * self.keys_per_stage)
 
     def smem_bytes(self) -> int:
-        # and a paged instance's K and V offsets (8 bytes each) per 16-key group of stages + 1 stages, in static
+        # and a paged instance's K and V offsets (8 bytes each) per 16-key group of two blocks of stages, in static
         # shared memory (an array behind the ring measured 7-9 % slower at B1 L8k 32/8 q4)
-        return self.dynamic_smem_bytes() + 16 * (self.stages + 1) * self.warps
+        return self.dynamic_smem_bytes() + 16 * 2 * self.stages * self.warps
 
     def name_expression(self, *, dtype, paged: bool, pair: bool = False, cluster: int = 1) -> str:
         args = (f"{dtypes.ctype(dtype)},{self.head_dim},{self.warps},{self.stages},{'true' if paged else 'false'},"
@@ -121,11 +124,17 @@ def search_space(head_dim: int, waves: float = 0.0, paged: bool = False, keys: i
       that change a paged cache needed a second CTA per SM to hide the lookups; now one per SM with the
       contiguous cache's splits is 1-13 % faster, B1 L8k 32/8 q4 34.0 vs 38.9 us); from two waves up it keeps
       the 3-stage rings that let two CTAs share an SM (B64: 1 % faster at L8k-32k, ~5 % at L1k);
-    - a paged cache at head dim 64 with ``keys`` >= 8k per sequence: 8 warps x 3 stages at any grid (twice the
-      16-key groups in flight of 4 x 4: with pages of 16 a head's rows are 128-byte pieces of 32 KB pages),
-      paged / contiguous at pages of 16 1.07-1.12 -> 0.97-1.05 (B1 L8k-128k, B8 L8k-128k), pages of 256
-      0.98-1.03; a 1k cache keeps 4 x 4 (its more splits: 1.11 vs 1.17)."""
-    if head_dim == 64 and paged and (waves >= 2 or keys >= 8192):
+    - a paged cache at head dim 64 with ``keys`` >= 8k per sequence: 8 warps x 3 stages (twice the 16-key groups
+      in flight of 4 x 4: with pages of 16 a head's rows are 128-byte pieces of 32 KB pages), paged / contiguous
+      at pages of 16 1.07-1.12 -> 0.97-1.05 (B1 L8k-128k, B8 L8k-128k), pages of 256 0.98-1.03; a 1k cache keeps
+      4 x 4 (its more splits: 1.11 vs 1.17). Since the page lookups go a block of stages at a time (2026-11-27,
+      flash_decode), only where a CTA streams ``PAGED_D64_W8_MIN_CTA_KEYS`` keys or more (keys x min(waves, 1),
+      about the split's keys): shorter streams run 1.5-4 % faster on 4 x 4 and longer ones 1-2.5 % slower
+      (16/16 heads, shuffled pages of 16 / 256, paged / contiguous, 8 x 3 -> 4 x 4, same process, H100: B1 L8k
+      (1k keys a CTA) 1.108 -> 1.068 / 1.085 -> 1.049, B1 L32k (4k) 1.086 -> 1.068 / 1.058 -> 1.043; B2 L32k (8k)
+      1.034 -> 1.056 / 1.021 -> 1.039, B8 L8k (8k) 1.052 -> 1.070, B1 L128k (16k) 1.023 -> 1.047 / 1.020 ->
+      1.015, B4 L32k (16k) 1.035 -> 1.053)."""
+    if head_dim == 64 and paged and (waves >= 2 or keys * min(waves, 1.0) >= PAGED_D64_W8_MIN_CTA_KEYS):
         first = [(8, 3)]
     elif head_dim == 64:
         first = [(4, 4), (8, 4), (8, 3)] if waves < 1 else [(8, 4), (8, 3)]

@@ -61,7 +61,7 @@ def test_search_space_is_valid_and_ordered():
         for waves, paged in itertools.product((0.5, 1.0, 4.0), (False, True)):
             space = search_space(d, waves, paged)
             assert len(set(space)) == len(space)
-            assert all(c.smem_bytes() == 2 * d * (16 + 2 * c.stages * 16 * c.warps) + 16 * (c.stages + 1) * c.warps
+            assert all(c.smem_bytes() == 2 * d * (16 + 2 * c.stages * 16 * c.warps) + 16 * 2 * c.stages * c.warps
                        for c in space)
     # the measured preferences: small grids at head dim 64 take 4 warps, large ones 8; head dim 128 deepens the
     # ring from two waves
@@ -79,8 +79,13 @@ def test_search_space_is_valid_and_ordered():
     assert search_space(128, 1.9, paged=True) == search_space(128, 1.9)
     assert search_space(64, 2.0, paged=True)[0] == DecodeConfig(head_dim=64, warps=8, stages=3)
     assert search_space(128, 2.0, paged=True)[0] == DecodeConfig(head_dim=128, warps=4, stages=3)
-    # paged head dim 64 on long caches: 8 warps x 3 stages at any grid
-    assert search_space(64, 0.5, paged=True, keys=8192)[0] == DecodeConfig(head_dim=64, warps=8, stages=3)
+    # paged head dim 64: 8 warps x 3 stages where a CTA streams >= 6k keys (keys x min(waves, 1)), the contiguous
+    # plan on shorter streams (B1 L8k-32k: the splits make the grid)
+    assert search_space(64, 0.97, paged=True, keys=8192)[0] == DecodeConfig(head_dim=64, warps=8, stages=3)
+    assert search_space(64, 0.24, paged=True, keys=32768)[0] == DecodeConfig(head_dim=64, warps=8, stages=3)
+    assert search_space(64, 0.12, paged=True, keys=131072)[0] == DecodeConfig(head_dim=64, warps=8, stages=3)
+    assert search_space(64, 0.12, paged=True, keys=32768) == search_space(64, 0.12)
+    assert search_space(64, 0.5, paged=True, keys=8192) == search_space(64, 0.5)
     assert search_space(64, 0.5, paged=True, keys=1024) == search_space(64, 0.5)
     spec = device.profile("h100_sxm")
     assert plan_decode(_problem(batch=64, kv_heads=32), spec).config.stages == 4
@@ -149,7 +154,7 @@ def test_decode_bench_reports_the_paged_plan_for_paged_rows():
     from attention import decode_bench
     from cukernels import bench
 
-    case = bench.Case(name="decode_b1_L8k_h16-16_d64_q1", params={"batch": 1, "seq_q": 1, "heads": 16,
+    case = bench.Case(name="decode_b8_L8k_h16-16_d64_q1", params={"batch": 8, "seq_q": 1, "heads": 16,
                       "kv_heads": 16, "head_dim": 64, "length": 8192})
     spec = device.profile("h100_sxm")
     row, = decode_bench.plan_rows([case], spec, with_compile=False)

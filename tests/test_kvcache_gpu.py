@@ -74,6 +74,27 @@ def test_paged_shuffled_pages_and_page_boundaries(page):
     _check(*_case(6, 1, 8, 8, 128, lens, page=page, max_seq=6 * page, seed=page), "bf16")
 
 
+@pytest.mark.parametrize("dim,ring", [(64, (4, 4)), (64, (8, 3)), (128, None)])
+@pytest.mark.parametrize("splits", [1, 3])
+def test_paged_long_splits_wrap_the_page_lookup_ring(dim, ring, splits, monkeypatch):
+    """A CTA that streams many stages of a shuffled paged cache: the page lookups (a block of stages at a time, in
+    a ring of two blocks) wrap many times, on the 4 x 4 and 8 x 3 rings of head dim 64 and the planned one of 128."""
+    from attention import decode_configs, kvcache
+
+    if ring is not None:
+        space = decode_configs.search_space
+        monkeypatch.setattr(decode_configs, "search_space", lambda *a, **kw: [
+            decode_configs.DecodeConfig(head_dim=dim, warps=ring[0], stages=ring[1])] + space(*a, **kw))
+    kvcache._CACHE.clear()
+    try:
+        _check(*_case(2, 1, 8, 2, dim, [700, 2000], page=16, max_seq=2048, seed=dim + splits), "bf16",
+               num_splits=splits)
+        if ring is not None:
+            assert [c.config.warps for c in kvcache._CACHE._entries.values()] == [ring[0]]
+    finally:
+        kvcache._CACHE.clear()
+
+
 @pytest.mark.parametrize("seq_q,causal", [(1, False), (4, True), (4, False), (7, True)])
 def test_gqa_packing_and_causal_bottom_right(seq_q, causal):
     # 32 query heads over 8 KV heads: 4 x seq_q packed rows per KV head (more than 16 rows: several row tiles)

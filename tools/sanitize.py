@@ -248,6 +248,15 @@ def decode_cases():
             flash_attention_with_kvcache(q, k, v, cache_seqlens=lens, k=kn, v=vn, causal=True, num_splits=splits)
             flash_attention_with_kvcache(q, pk, pv, cache_seqlens=lens, block_table=table, k=kn, v=vn,
                                          num_splits=splits)
+    # a paged cache long enough for the page lookups' ring (two blocks of stages) to wrap in every CTA
+    lens = cupy.asarray(np.array([700, 513], dtype=np.int32))
+    for d in (64, 128):
+        t = dtypes.from_name("bf16")
+        q = dtypes.random((2, 1, 4, d), t, seed=d + 20)
+        pk, pv = (dtypes.random((96, 16, 2, d), t, seed=d + i) for i in (21, 22))
+        table = cupy.asarray(np.random.default_rng(d).permutation(96)[:88].reshape(2, 44).astype(np.int32))
+        for splits in (1, 2):
+            flash_attention_with_kvcache(q, pk, pv, cache_seqlens=lens, block_table=table, num_splits=splits)
     # head dim 64 with KV heads in pairs (a grid of at least one CTA per SM): ragged, contiguous and paged
     batch = -(-cupy.cuda.Device().attributes["MultiProcessorCount"] // 8) + 1
     lens = cupy.asarray(np.random.default_rng(1).integers(0, 96, batch).astype(np.int32))

@@ -22,10 +22,11 @@
 // distributed shared memory (decode_body's CLUSTER), which takes the global round trips off a short call's tail.
 //
 // Paged reads: a stage's keys are copied in groups of 16 that start on a multiple of 16 (pages hold a multiple
-// of 16 keys, so a group lies in one page); lanes 0..WARPS-1 of warp 0 look each group's page up once, a stage
-// before its copies are issued, from a page id read the iteration before that (its reader never waits for it),
-// and leave the group's K and V offsets in (static) shared memory. The copying threads add a row offset to
-// those: no table read or division by the page size per 16-byte chunk.
+// of 16 keys, so a group lies in one page); each group's page is looked up once, a block of STAGES stages at a
+// time (one thread per group, every STAGES stages), at least a stage before its copies are issued, from page ids
+// read a block before that (their readers never wait for them), and the groups' K and V offsets are left in
+// (static) shared memory. The copying threads add a row offset to those: no table read or division by the page
+// size per 16-byte chunk.
 //
 // Masks, per row: keys j < L_b; causal/window in kv coordinates (query i sits at L_b - seq_q + i):
 // j in [at - window_left, at + window_right] (window_right = 0 under causal; unbounded = a large value).
@@ -130,11 +131,14 @@ __device__ __forceinline__ void decode_body(DECODE_PARAMS) {
         if (j < bound) raw = __ldg(table_row + page_index(j));
         return raw;
     };
-    int first_pid = 0, next_pid = 0;  // next_pid: lanes 0..WARPS-1 of warp 0, their group in the stage after next
+    // Threads 0..STAGES x WARPS - 1 each keep one group of a block of STAGES stages: first_pid its page id in the
+    // first block, next_pid in the block after the one whose offsets are stored next
+    int first_pid = 0, next_pid = 0;
     if constexpr (PAGED) {
-        if (tid < STAGES * WARPS)
+        if (tid < STAGES * WARPS) {
             first_pid = page_at(split_begin + (tid / WARPS) * KEYS + (tid % WARPS) * 16, capacity);
-        if (tid < WARPS) next_pid = page_at(split_begin + STAGES * KEYS + tid * 16, capacity);
+            next_pid = page_at(split_begin + (STAGES + tid / WARPS) * KEYS + (tid % WARPS) * 16, capacity);
+        }
     }
     const T* kb = k + kvh * k_sh;
     const T* vb = v + kvh * v_sh;
@@ -165,10 +169,13 @@ __device__ __forceinline__ void decode_body(DECODE_PARAMS) {
     const int split_end = min((split + 1) * split_keys, capacity);
     const bool early_kv = !PAGED && window_left >= capacity;
     // Paged: the K and V offsets of each 16-key group of a stage, looked up once per group (not per 16-byte
-    // chunk) by lanes 0..WARPS-1 of warp 0, into a ring of OFF_RING stages: stage L's lookups are stored in the
-    // iteration that issues stage L - 1's copies, from a page id read in the iteration before, so no copy waits
-    // on the block table and no thread divides by the page size per chunk.
-    constexpr int OFF_RING = STAGES + 1;
+    // chunk), a block of STAGES stages at a time, into a ring of two blocks: every STAGES iterations threads
+    // 0..STAGES x WARPS - 1 (one group each) store the offsets of the block after the one being copied, from page
+    // ids read a block earlier, and read the ids of the block after that. So no copy waits on the block table, no
+    // thread divides by the page size per chunk, and the lookups hold up the stage barrier once per STAGES stages
+    // (one stage at a time, by WARPS lanes every stage, measured 4-5 % slower at B1-B8 L1k and with the 4 x 4
+    // ring at B1; docs/perf/attention.md, decode eighth pass).
+    constexpr int OFF_RING = 2 * STAGES;
     __shared__ long long s_off[PAGED ? OFF_RING : 1][PAGED ? 2 * WARPS : 1];
     auto load_kv = [&](int stage_idx, int ring, int j0, int bound) {
 #pragma unroll
@@ -227,11 +234,13 @@ __device__ __forceinline__ void decode_body(DECODE_PARAMS) {
         return page_at(k_begin + stage_idx * KEYS + grp * 16, k_end);
     };
     if constexpr (PAGED) {
-        // the first STAGES stages' offsets (a window that moved the start reads its groups again), stage
-        // STAGES's page id into a register
+        // the first block's offsets (a window that moved the start reads its groups again), the second block's
+        // page ids into registers
         if (k_begin != split_begin) {  // the same for the whole CTA
-            if (tid < STAGES * WARPS) first_pid = group_page(tid / WARPS, tid % WARPS);
-            if (tid < WARPS) next_pid = group_page(STAGES, tid);
+            if (tid < STAGES * WARPS) {
+                first_pid = group_page(tid / WARPS, tid % WARPS);
+                next_pid = group_page(STAGES + tid / WARPS, tid % WARPS);
+            }
         }
         if (tid < STAGES * WARPS) store_offsets(tid / WARPS, tid % WARPS, first_pid);
         __syncthreads();
@@ -291,9 +300,11 @@ __device__ __forceinline__ void decode_body(DECODE_PARAMS) {
         }
         __syncthreads();
         if constexpr (PAGED) {
-            if (tid < WARPS) {  // stage st + STAGES's offsets (copied next iteration), then the page after
-                store_offsets(st + STAGES, tid, next_pid);
-                next_pid = group_page(st + STAGES + 1, tid);
+            if (st % STAGES == 0 && tid < STAGES * WARPS) {  // stages st + STAGES .. st + 2 STAGES - 1's offsets
+                // (copied from the next iteration on; their slots' last reader copied at iteration st - STAGES),
+                // then the page ids of the block after
+                store_offsets(st + STAGES + tid / WARPS, tid % WARPS, next_pid);
+                next_pid = group_page(st + 2 * STAGES + tid / WARPS, tid % WARPS);
             }
         }
         if (next_load < n_stages) {
