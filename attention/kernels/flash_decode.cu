@@ -173,7 +173,7 @@ __device__ __forceinline__ void decode_body(DECODE_PARAMS) {
     // 0..STAGES x WARPS - 1 (one group each) store the offsets of the block after the one being copied, from page
     // ids read a block earlier, and read the ids of the block after that. So no copy waits on the block table, no
     // thread divides by the page size per chunk, and the lookups hold up the stage barrier once per STAGES stages
-    // (one stage at a time, by WARPS lanes every stage, measured 4-5 % slower at B1-B8 L1k and with the 4 x 4
+    // (one stage at a time, by WARPS lanes every stage, measured 2-5 % slower at B1-B8 L1k and with the 4 x 4
     // ring at B1; docs/perf/attention.md, decode eighth pass).
     constexpr int OFF_RING = 2 * STAGES;
     __shared__ long long s_off[PAGED ? OFF_RING : 1][PAGED ? 2 * WARPS : 1];
