@@ -119,8 +119,8 @@ def search_space(head_dim: int, waves: float = 0.0, paged: bool = False, keys: i
       by 0-1.3 % on all six B64 L1k rows of an H100 (d64 in pairs q1 105.4 -> 104.3 us, 32/8 q4 108.7 -> 107.3;
       2026-11-26, held, interleaved) while losing 0.5-1.5 % at 8k-32k keys and on one wave (B8 L1k 32/32); on an
       H200 (4.8 TB/s) the same rows ran 0.2-2 % slower with it (d64 in pairs q1 76.8 -> 78.4 us);
-    - a paged cache takes the same plan under two waves: its page ids are read once per 16-key group, a stage
-      ahead of the copies that use them (flash_decode), so its copies no longer wait on the block table (before
+    - a paged cache takes the same plan under two waves: its page ids are read once per 16-key group, ahead of
+      the copies that use them (flash_decode), so its copies no longer wait on the block table (before
       that change a paged cache needed a second CTA per SM to hide the lookups; now one per SM with the
       contiguous cache's splits is 1-13 % faster, B1 L8k 32/8 q4 34.0 vs 38.9 us); from two waves up it keeps
       the 3-stage rings that let two CTAs share an SM (B64: 1 % faster at L8k-32k, ~5 % at L1k);
@@ -129,7 +129,8 @@ def search_space(head_dim: int, waves: float = 0.0, paged: bool = False, keys: i
       at pages of 16 1.07-1.12 -> 0.97-1.05 (B1 L8k-128k, B8 L8k-128k), pages of 256 0.98-1.03; a 1k cache keeps
       4 x 4 (its more splits: 1.11 vs 1.17). Since the page lookups go a block of stages at a time (2026-11-27,
       flash_decode), only where a CTA streams ``PAGED_D64_W8_MIN_CTA_KEYS`` keys or more (keys x min(waves, 1),
-      about the split's keys): shorter streams run 1.5-4 % faster on 4 x 4 and longer ones 1-2.5 % slower
+      about the split's keys): shorter streams run 1.5-4 % faster on 4 x 4, longer ones on pages of 16 2-2.5 %
+      slower (on pages of 256 within 2 % either way)
       (16/16 heads, shuffled pages of 16 / 256, paged / contiguous, 8 x 3 -> 4 x 4, same process, H100: B1 L8k
       (1k keys a CTA) 1.108 -> 1.068 / 1.085 -> 1.049, B1 L32k (4k) 1.086 -> 1.068 / 1.058 -> 1.043; B2 L32k (8k)
       1.034 -> 1.056 / 1.021 -> 1.039, B8 L8k (8k) 1.052 -> 1.070, B1 L128k (16k) 1.023 -> 1.047 / 1.020 ->
