@@ -176,7 +176,9 @@ class GemmCall:
             self.config, self.gather = config, int(gather) if takes else 0
             self.scatter = int(scatter) if scatter and tma_scatters(config, problem, scatter) else 0
             n_out = problem.n // 2 if problem.epilogue == "swiglu" else problem.n
-            self.out_shape, self.out_dtype = (problem.rows, n_out), dtypes.dtype_name(out_dtype)
+            # a scatter call adds its rows into the tokens' rows: its output is [rows / scatter, n_out]
+            self.out_shape = (problem.rows // self.scatter if self.scatter else problem.rows, n_out)
+            self.out_dtype = dtypes.dtype_name(out_dtype)
             self.empty = problem.rows == 0
             if self.empty:
                 return
