@@ -10,7 +10,10 @@ the work and both events (kernels/block_stream.cu), so a call whose host side (P
 is slower than its kernels is measured by its kernels, the same in every run, instead of by a race between the
 host and the end of the L2 flush. Work that synchronises the host itself cannot be held back that way; the
 timer notices (the holding kernel times out), drops those samples and times without holding
-(``clocks["held"]`` says which).
+(``clocks["held"]`` says which). One race is left for calls shorter than the flush: whether the call's launch
+reaches the device while the flush still runs (a fast host) or after it (a slow one); on an H100 our short
+kernels read ~0.7 us slower in the first case and cuDNN's do not (docs/perf/engine.md, stop 62).
+``SAMPLE_ORDER`` fixes the order for probes; the default is the order measured since stop 58.
 NVML clock and throttle-reason samples taken during the run are attached to the result, so a throttled
 measurement is visible as such.
 
@@ -174,6 +177,13 @@ def flush_l2() -> None:
 
 _SOURCE = Path(__file__).parent / "kernels" / "block_stream.cu"
 _HOLD_TIMEOUT_NS = 20_000_000  # 20 ms: far longer than any host enqueue, short enough to give up quickly
+HOLD_SETTLE_NS = 0  # the least time a hold lasts from its start (block_stream.cu), i.e. from the flush's end
+# A sample's order (a probe knob; docs/perf/engine.md, stop 62): "flush-hold" the flush, then the hold, then the
+# work is enqueued (a host faster than the flush queues its launch behind the running flush); "hold-flush" the hold
+# first (every launch queued before the flush runs); "flush-sync" the host waits for the flush, then holds and
+# enqueues (every launch reaches an idle, held device).
+SAMPLE_ORDERS = ("flush-hold", "hold-flush", "flush-sync")
+SAMPLE_ORDER = "flush-hold"
 
 
 _tickets = itertools.count(1)
@@ -202,7 +212,7 @@ def _hold(device_id: int):
     if ticket == 1:
         state[0] = 0  # wrapped (after 2^31 samples): every earlier holding kernel has long been released
     kern = _compile.kernel(_SOURCE, "block_stream")
-    kern.launch((1,), (1,), (np.uintp(ptr), np.int32(ticket), np.uint64(_HOLD_TIMEOUT_NS)))
+    kern.launch((1,), (1,), (np.uintp(ptr), np.int32(ticket), np.uint64(_HOLD_TIMEOUT_NS), np.uint64(HOLD_SETTLE_NS)))
 
     def release():
         state[0] = ticket
@@ -321,6 +331,8 @@ def benchmark(
 
     if min_samples < 1 or max_samples < min_samples:
         raise ValueError(f"need 1 <= min_samples <= max_samples, got {min_samples}, {max_samples}")
+    if SAMPLE_ORDER not in SAMPLE_ORDERS:
+        raise ValueError(f"timing.SAMPLE_ORDER = {SAMPLE_ORDER!r}: must be one of {', '.join(SAMPLE_ORDERS)}")
     dev_id = cupy.cuda.Device().id
     stream = cupy.cuda.get_current_stream()
     flush = globals()["flush_l2"] if flush_l2 else (lambda: None)
@@ -343,8 +355,14 @@ def benchmark(
     while len(samples) < max_samples:
         pairs = []
         for _ in range(min(batch, max_samples - len(samples))):
-            flush()
-            release = _hold(dev_id) if held else None
+            if SAMPLE_ORDER == "hold-flush" and held:
+                release = _hold(dev_id)
+                flush()
+            else:
+                flush()
+                if SAMPLE_ORDER == "flush-sync":
+                    stream.synchronize()
+                release = _hold(dev_id) if held else None
             start, end = cupy.cuda.Event(), cupy.cuda.Event()
             start.record(stream)
             fn()

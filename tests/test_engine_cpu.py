@@ -401,3 +401,10 @@ def test_kept_workspace_reused_only_on_its_stream_and_thread_and_never_under_cap
     big.take(fb, 7)
     big.take(fb, 7)
     assert fb.allocated == 2 and big.kept is None  # too large to keep
+
+
+def test_timer_refuses_an_unknown_sample_order(monkeypatch):
+    """The sample-order knob is checked before anything touches a device: a typo is an error naming it."""
+    monkeypatch.setattr(timing, "SAMPLE_ORDER", "hold-then-flush")
+    with pytest.raises(ValueError, match="SAMPLE_ORDER = 'hold-then-flush'.*flush-hold, hold-flush, flush-sync"):
+        timing.benchmark(lambda: None)

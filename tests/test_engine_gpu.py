@@ -96,6 +96,27 @@ def test_held_timing_measures_device_time_not_host_time():
     assert not t.clocks["held"] and t.median_ms < 15.0  # no 20 ms hold timeouts left in the samples
 
 
+@pytest.mark.parametrize("order", timing.SAMPLE_ORDERS)
+def test_held_timing_in_every_sample_order_and_with_a_settle(monkeypatch, order):
+    """Whatever the sample's order (the probe knob) and however long the hold lasts past the flush, the events
+    bracket the work alone: a slow host's tiny kernels read well under a millisecond."""
+    import time
+
+    import cupy
+
+    x = cupy.zeros(1 << 10, dtype=cupy.float32)
+
+    def slow_host():
+        for _ in range(3):
+            x.fill(1.0)
+            time.sleep(0.001)
+
+    monkeypatch.setattr(timing, "SAMPLE_ORDER", order)
+    monkeypatch.setattr(timing, "HOLD_SETTLE_NS", 200_000)  # 0.2 ms of hold after the flush, outside the events
+    t = timing.benchmark(slow_host, budget_ms=50, min_samples=5)
+    assert t.clocks["held"] and t.median_ms < 0.15
+
+
 def test_l2_flush_evicts_by_reading():
     """The timer's flush evicts what a kernel left in L2 (a 16 MB read is slower after it than when repeated
     without it) and writes nothing (its buffer is unchanged): L2 is left clean, so no write-back of the flush's

@@ -5,15 +5,22 @@
 // comes: the kernel gives up after timeout_ns and says so in state[1], and the timer stops blocking.
 // state: mapped host memory, state[0] = the last ticket released (host), state[1] = timed out (device writes 1).
 // Tickets increase, so a holding kernel still waiting from the previous sample is never re-armed by the next.
+// settle_ns: the least time the kernel holds the stream, from its own start (the end of the work before it, the
+// timer's L2 flush), so the timed work starts at least that long after the flush whatever the host took to
+// enqueue it (a short kernel started right behind the flush's DRAM burst measured up to ~1 us slower than one
+// started 20 us later on an H100: docs/perf/engine.md, stop 62).
 
 #include "timeline.cuh"  // global_timer_ns
 
-extern "C" __global__ void block_stream(volatile int* state, int ticket, unsigned long long timeout_ns) {
+extern "C" __global__ void block_stream(volatile int* state, int ticket, unsigned long long timeout_ns,
+                                        unsigned long long settle_ns) {
     const unsigned long long t0 = global_timer_ns();
     while (state[0] < ticket) {
         if (global_timer_ns() - t0 > timeout_ns) {
             state[1] = 1;
             return;
         }
+    }
+    while (global_timer_ns() - t0 < settle_ns) {
     }
 }
