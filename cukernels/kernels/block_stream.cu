@@ -7,8 +7,8 @@
 // Tickets increase, so a holding kernel still waiting from the previous sample is never re-armed by the next.
 // settle_ns: the least time the kernel holds the stream, from its own start (the end of the work before it, the
 // timer's L2 flush), so the timed work starts at least that long after the flush whatever the host took to
-// enqueue it (a short kernel started right behind the flush's DRAM burst measured up to ~1 us slower than one
-// started 20 us later on an H100: docs/perf/engine.md, stop 62).
+// enqueue it. A probe knob (timing.HOLD_SETTLE_NS, 0 by default): on an H200 idle time after the flush slowed
+// short decode kernels, ours and cuDNN's alike (docs/perf/engine.md, stop 62).
 
 #include "timeline.cuh"  // global_timer_ns
 
