@@ -174,7 +174,7 @@ class GemmCall:
                                      f"{config.block_k} (K = {problem.k}); every split needs one")
             takes = config.kind == "skinny" or tma_gathers(config, problem.epilogue)
             self.config, self.gather = config, int(gather) if takes else 0
-            self.scatter = int(scatter) if scatter and tma_scatters(config, problem, scatter) else 0
+            self.scatter = int(scatter) if tma_scatters(config, problem, scatter) else 0
             n_out = problem.n // 2 if problem.epilogue == "swiglu" else problem.n
             # a scatter call adds its rows into the tokens' rows: its output is [rows / scatter, n_out]
             self.out_shape = (problem.rows // self.scatter if self.scatter else problem.rows, n_out)
