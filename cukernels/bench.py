@@ -21,6 +21,8 @@ The last two are taken once, after the first round (after the last one when the 
 Within a case every implementation is timed the same way: device time with the stream held (timing.py) when
 all of them enqueue without waiting for the device, otherwise all of them unheld (host time included), so a
 baseline that synchronises is never set against our device time alone. ``Result.clocks["held"]`` records it.
+In such a case a row whose own call does not wait for the device is also timed held once (``held_ms``): its device
+time, for figures about the device alone (a decode layer's bandwidth); its ratios keep the common way.
 
 Host time drifts over seconds (and a small kernel's time between allocations of its inputs), which one burst of
 samples cannot see. So a row timed with host time, and a row whose samples did not reach their noise target, is
@@ -116,6 +118,9 @@ class Result:
     host_us: float | None = None  # host time per call
     host_us_held: bool | None = None  # False: the call waits for the device, and host_us includes the wait
     launches: int | None = None  # kernel launches per call through the engine (launch.count_launches)
+    # A row timed with host time because another implementation of its case waits for the device, whose own call
+    # does not: its device time, held (median_ms stays the case's common way, which its ratios use)
+    held_ms: float | None = None
 
     @property
     def ok(self) -> bool:
@@ -202,6 +207,7 @@ def _progress(msg: str, stream) -> None:
 ROUNDS = 5  # rounds of a row timed with host time, left unsettled by its first round or throttled in it, spread
 # over the run
 _ROUND_MIN_SAMPLES = 5  # per round, when a row is timed in rounds (10 in one round otherwise)
+_HELD_MS_BUDGET = 100.0  # ms: a host-time row's own held device time (Result.held_ms), one timer call
 
 
 def _free_pool() -> None:
@@ -227,6 +233,7 @@ class _Timed:
     host_us: float | None = None
     host_us_held: bool | None = None
     launches: int | None = None
+    held_ms: float | None = None
     error: Result | None = None
 
     @property
@@ -307,7 +314,7 @@ def run(
             rows.append(timed)
             try:
                 _time_round(op, case, timed, fn, reference, rounds, **first)
-                _take_user_times(timed, fn)
+                _take_user_times(timed, fn, first)
             except Exception as exc:
                 timed.error = _error(timed.base, exc)
         again = [t for t, _ in ready if t.error is None and t.unsettled]
@@ -383,13 +390,17 @@ def _time_interleaved(op, case, ready, reference, rounds: int, timer: dict, prog
         if timed.error is not None:
             continue
         try:
-            _take_user_times(timed, fn)
+            _take_user_times(timed, fn, timer)
         except Exception as exc:
             timed.error = _error(timed.base, exc)
 
 
-def _take_user_times(timed: _Timed, fn) -> None:
-    """What a user gets, taken once per row: the time as called, the host µs per call, the peak memory."""
+def _take_user_times(timed: _Timed, fn, timer: dict) -> None:
+    """What a user gets, taken once per row: the time as called, the host µs per call, the peak memory; and a
+    host-time row's own device time where its call can be held (``Result.held_ms``)."""
+    if timed.host_time and _timing.can_hold(fn):
+        timed.held_ms = _timing.benchmark(fn, **dict(timer, hold=True, budget_ms=_HELD_MS_BUDGET,
+                                                     min_samples=10)).median_ms
     timed.as_called_ms = _timing.as_called(fn)
     timed.host_us, timed.host_us_held = _timing.host_us(fn, per_call_ms=timed.as_called_ms)
     timed.launches = _launch.count_launches(fn)
@@ -417,7 +428,7 @@ def _result(timed: _Timed, spec) -> Result:
                   round_medians_ms=list(t.round_medians_ms), round_noise=t.round_noise, checks=timed.checks,
                   clocks=t.clocks, throttled=t.throttled, peak_memory_bytes=timed.peak_memory_bytes,
                   plan=timed.plan, as_called_ms=timed.as_called_ms, host_us=timed.host_us,
-                  host_us_held=timed.host_us_held, launches=timed.launches)
+                  host_us_held=timed.host_us_held, launches=timed.launches, held_ms=timed.held_ms)
 
 
 def _rank(results: list[Result]) -> None:

@@ -353,12 +353,24 @@ def cubin(source: Path | str, name_expression: str, arch: str, *, options: Seque
         return buf.raw
 
 
+@functools.cache
+def _no_cache() -> tuple[str, ...]:
+    """``--no-cache`` where NVRTC has a cache (12.9 on). With a driver present, NVRTC 12.9+ keeps the cubins it
+    built in the driver's compute cache and answers a repeat of the same program from it without running ptxas:
+    the program log then holds no ptxas report (seen on the GPU machines with NVRTC 13.0, from the second compile
+    of one architecture in a process), and resources read from it would be missing. Without a driver (CI) there
+    is no cache, so it never showed there."""
+    from cupy.cuda import nvrtc
+
+    return ("--no-cache",) if tuple(nvrtc.getVersion()) >= (12, 9) else ()
+
+
 def compile_offline(
     source: Path | str, name_expressions: Sequence[str], arch: str, *, options: Sequence[str] = ()
 ) -> dict[str, Resources]:
     """Compile for ``arch`` (e.g. ``sm_80``, ``sm_90a``) with no GPU; return ptxas resources per name expression."""
     source = Path(source)
-    opts = _options(source, arch, options) + ("--ptxas-options=-v",)
+    opts = _options(source, arch, options) + ("--ptxas-options=-v",) + _no_cache()
     with _offline_program(source, name_expressions, opts) as (nvrtc, prog):
         log = nvrtc.getProgramLog(prog)
         parsed, perf = _parse_ptxas(log), _performance_warnings(log)

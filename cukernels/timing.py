@@ -10,10 +10,12 @@ the work and both events (kernels/block_stream.cu), so a call whose host side (P
 is slower than its kernels is measured by its kernels, the same in every run, instead of by a race between the
 host and the end of the L2 flush. Work that synchronises the host itself cannot be held back that way; the
 timer notices (the holding kernel times out), drops those samples and times without holding
-(``clocks["held"]`` says which). One race is left for calls shorter than the flush: whether the call's launch
-reaches the device while the flush still runs (a fast host) or after it (a slow one); on an H100 our short
-kernels read ~0.7 us slower in the first case and cuDNN's do not (docs/perf/engine.md, stop 62).
-``SAMPLE_ORDER`` fixes the order for probes; the default is the order measured since stop 58.
+(``clocks["held"]`` says which). A sample is nvbench's cold measurement: the flush, the host waits for it, the
+hold, the events around the work (``SAMPLE_ORDER`` = "flush-sync"). Until stop 63 the host did not wait for the
+flush, so a call shorter than the flush was timed in one of two regimes by the host's speed: its launch queued
+behind the running flush (a fast host), or reaching the device after it; a kernel that follows the flush at once
+reads 0.6-1.5 us slower on an H100 / H200 (ours, a plain CuPy kernel, triton's, torch's own sum; not cuDNN's:
+docs/perf/engine.md, stops 62-63). ``SAMPLE_ORDER`` keeps the other orders for probes.
 NVML clock and throttle-reason samples taken during the run are attached to the result, so a throttled
 measurement is visible as such.
 
@@ -178,12 +180,13 @@ def flush_l2() -> None:
 _SOURCE = Path(__file__).parent / "kernels" / "block_stream.cu"
 _HOLD_TIMEOUT_NS = 20_000_000  # 20 ms: far longer than any host enqueue, short enough to give up quickly
 HOLD_SETTLE_NS = 0  # the least time a hold lasts from its start (block_stream.cu), i.e. from the flush's end
-# A sample's order (a probe knob; docs/perf/engine.md, stop 62): "flush-hold" the flush, then the hold, then the
-# work is enqueued (a host faster than the flush queues its launch behind the running flush); "hold-flush" the hold
-# first (every launch queued before the flush runs); "flush-sync" the host waits for the flush, then holds and
-# enqueues (every launch reaches an idle, held device).
-SAMPLE_ORDERS = ("flush-hold", "hold-flush", "flush-sync")
-SAMPLE_ORDER = "flush-hold"
+# A sample's order (docs/perf/engine.md, stops 62-63): "flush-sync" (the default since stop 63, nvbench's cold
+# measurement) the host waits for the flush, then holds and enqueues, so every launch reaches a held device whose
+# flush is over; for probes, "flush-hold" (stops 58-62) the flush, then the hold, then the work is enqueued (a host
+# faster than the flush queues its launch behind the running flush: a race with the host), "hold-flush" the hold
+# first (every launch queued before the flush runs: the work follows the flush at once).
+SAMPLE_ORDERS = ("flush-sync", "flush-hold", "hold-flush")
+SAMPLE_ORDER = "flush-sync"
 
 
 _tickets = itertools.count(1)

@@ -157,6 +157,15 @@ def test_engine_kernels_compile_for_every_profile(spec):
     assert len(res) == 2 and all(r.spills == 0 for r in res.values())
 
 
+def test_offline_compile_reports_a_repeated_program():
+    """The same program compiled twice for one architecture in a process has its ptxas report both times: NVRTC
+    12.9+ with a driver present answers a repeat from the driver's cache without running ptxas (an empty log on the
+    GPU machines' NVRTC 13.0) unless asked not to."""
+    first = compile.compile_offline(timing._SOURCE, ["block_stream"], "sm_90a")
+    again = compile.compile_offline(timing._SOURCE, ["block_stream"], "sm_90a")
+    assert first == again and first["block_stream"].registers > 0
+
+
 def test_instruction_counts_tell_refactors_from_changes(tmp_path):
     """PTX instruction counts per kernel: a source rewritten without changing what it computes compiles to the
     same counts (tools/ptx_diff.py's check), one that computes more does not; counts are per kernel instance."""
@@ -406,5 +415,5 @@ def test_kept_workspace_reused_only_on_its_stream_and_thread_and_never_under_cap
 def test_timer_refuses_an_unknown_sample_order(monkeypatch):
     """The sample-order knob is checked before anything touches a device: a typo is an error naming it."""
     monkeypatch.setattr(timing, "SAMPLE_ORDER", "hold-then-flush")
-    with pytest.raises(ValueError, match="SAMPLE_ORDER = 'hold-then-flush'.*flush-hold, hold-flush, flush-sync"):
+    with pytest.raises(ValueError, match="SAMPLE_ORDER = 'hold-then-flush'.*flush-sync, flush-hold, hold-flush"):
         timing.benchmark(lambda: None)

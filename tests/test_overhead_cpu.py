@@ -220,3 +220,28 @@ def test_overhead_suite_plans_with_no_gpu(module, extra, capsys):
     assert main(["--plan", "--profile", "h100_sxm", "--suite", "overhead", *extra]) == 0
     out = capsys.readouterr().out
     assert "overhead_" in out and "no plan" not in out and "| NO " not in out
+
+
+def test_a_host_time_case_also_holds_the_rows_that_can_be_held(gpu, monkeypatch):
+    """A case with a baseline that synchronises is timed with host time for every row (the common way, which
+    ratios use); a row whose own call can be held is also timed held once (``held_ms``), the other is not."""
+    monkeypatch.setattr(bench._device, "current", lambda: device.profile("h100_sxm"))
+    monkeypatch.setattr(bench._timing, "benchmark",
+                        lambda fn, **kw: timing.summarize([0.01 if kw["hold"] else 0.03] * 10,
+                                                          clocks={"held": kw["hold"]}))
+    ours_fn, torch_fn = _call(gpu, 20e-6), _call(gpu, 60e-6, syncs=True)
+    monkeypatch.setattr(bench._timing, "can_hold", lambda fn: fn is ours_fn)
+    monkeypatch.setattr(bench._checks, "poison_pool", lambda nbytes: None)
+    monkeypatch.setattr(bench._checks, "stop_poisoning", lambda: None)
+    monkeypatch.setattr(bench, "peak_memory", lambda fn: 0)
+    monkeypatch.setattr(bench, "_free_pool", lambda: None)
+    passed = [checks.CheckResult(name="o", max_abs=0.0, max_rel=0.0, mean_abs=0.0, rel_l2=0.0, nonfinite=0,
+                                 passed=True, reason="")]
+    op = bench.Op(name="t", make_inputs=lambda case, seed: None, reference=lambda case, inputs: None,
+                  check=lambda case, out, ref: passed)
+    impls = [bench.Impl(name="ours", prepare=lambda case, inputs: ours_fn),
+             bench.Impl(name="torch", baseline=True, prepare=lambda case, inputs: torch_fn)]
+    ours, torch = bench.run(op, [bench.Case(name="tiny", params={})], impls, rounds=1, progress=None)
+    assert ours.median_ms == torch.median_ms == pytest.approx(0.03)  # both with host time
+    assert not ours.clocks["held"] and ours.held_ms == pytest.approx(0.01) and torch.held_ms is None
+    assert json.loads(report.to_json([ours, torch], {}))["results"][0]["held_ms"] == pytest.approx(0.01)

@@ -110,9 +110,12 @@ def test_unsettled_rows_are_timed_in_rounds_spread_over_the_run(monkeypatch):
     checked after every round."""
     from cukernels import timing
 
-    calls = []
+    calls, held = [], []
 
     def benchmark(fn, *, hold, budget_ms, min_samples, rel_noise_target):
+        if hold and fn.case != "dev":  # a host-time row's own device time, held once (Result.held_ms)
+            held.append((fn.case, fn.impl, budget_ms))
+            return timing.summarize([0.5] * min_samples, clocks={"held": True})
         calls.append((fn.case, fn.impl, hold, budget_ms, min_samples))
         nth = sum(c[:2] == (fn.case, fn.impl) for c in calls)
         ms = 1.0 if hold else 0.1 * (1.2 if nth == 2 else 1.0)  # the host drifts in round 2
@@ -148,6 +151,9 @@ def test_unsettled_rows_are_timed_in_rounds_spread_over_the_run(monkeypatch):
     # device time: one round with the whole budget; later rounds of an unsettled one stay held, with a share
     assert {c[2:] for c in calls if c[0] == "dev"} == {(True, 300, 10), (True, 100, 5)}
     assert {c[2:] for c in calls if c[0] != "dev"} == {(False, 100, 5)}  # host time: a third per round
+    # a host-time row whose own call can be held is also timed held, once; the synchronising baseline is not
+    assert held == [(c, i, bench._HELD_MS_BUDGET) for c in ("h1", "h2") for i in names if i != "torch"]
+    assert all((r.held_ms == 0.5) == (r.case != "dev" and r.impl != "torch") for r in results)
     assert {p[2] for p in prepared if p[0] == "h2"} == {2}  # later rounds start from the case's own seed
 
     by = {(r.case, r.impl): r for r in results}
@@ -211,8 +217,11 @@ def test_interleave_times_a_device_time_case_in_rotated_turns(monkeypatch):
     assert len(by["dev", "cudnn"].checks) == 4  # before timing and after each of 3 rounds
     assert by["dev", "ours"].as_called_ms == 2.0 and by["dev", "ours"].host_us_held is True
     # the host-time case (one implementation syncs): a third of the budget per round, as without interleave
-    assert {c[2:] for c in calls if c[0] == "host"} == {(False, 100, 5)}
-    assert [c[1] for c in calls if c[0] == "host"][:3] == ["ours", "cudnn", "flash"]
+    assert {c[2:] for c in calls if c[0] == "host" and not c[2]} == {(False, 100, 5)}
+    # and the two that can be held are timed held once more, for their device time (Result.held_ms)
+    assert [c[1:] for c in calls if c[0] == "host" and c[2]] == [("ours", True, bench._HELD_MS_BUDGET, 10),
+                                                                  ("cudnn", True, bench._HELD_MS_BUDGET, 10)]
+    assert [c[1] for c in calls if c[0] == "host" and not c[2]][:3] == ["ours", "cudnn", "flash"]
 
 
 def _rerun_doc(**rows):

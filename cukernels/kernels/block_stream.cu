@@ -5,9 +5,9 @@
 // comes: the kernel gives up after timeout_ns and says so in state[1], and the timer stops blocking.
 // state: mapped host memory, state[0] = the last ticket released (host), state[1] = timed out (device writes 1).
 // Tickets increase, so a holding kernel still waiting from the previous sample is never re-armed by the next.
-// settle_ns: the least time the kernel holds the stream, from its own start (the end of the work before it: the
-// timer's L2 flush in its default sample order), so the timed work starts at least that long after the flush
-// whatever the host took to enqueue it. A probe knob (timing.HOLD_SETTLE_NS, 0 by default): on an H200 idle time after the flush slowed
+// settle_ns: the least time the kernel holds the stream, from its own start (in the timer's default sample order
+// a launch the host makes once it has seen the L2 flush end; in "flush-hold", the flush's end itself), so the timed
+// work starts at least that long after the flush whatever the host took to enqueue it. A probe knob (timing.HOLD_SETTLE_NS, 0 by default): on an H200 idle time after the flush slowed
 // short decode kernels, ours and cuDNN's alike (docs/perf/engine.md, stop 62).
 
 #include "timeline.cuh"  // global_timer_ns
