@@ -97,12 +97,12 @@ def _result(**kw):
     return bench.Result(**{**base, **kw})
 
 
-def test_bench_run_records_the_as_called_time_and_host_us_of_every_row(gpu, monkeypatch):
-    """bench.run with the timer and checks stubbed and timing's own as_called / host_us on the faked device."""
+def _run_two(monkeypatch, ours_fn, torch_fn, *, benchmark, can_hold):
+    """bench.run of one case, ours and a torch baseline, with the given timer and hold probe, on the faked device
+    (checks, poisoning and memory stubbed)."""
     monkeypatch.setattr(bench._device, "current", lambda: device.profile("h100_sxm"))
-    monkeypatch.setattr(bench._timing, "benchmark",
-                        lambda fn, **kw: timing.summarize([0.01] * 10, clocks={"held": kw["hold"]}))
-    monkeypatch.setattr(bench._timing, "can_hold", lambda fn: True)
+    monkeypatch.setattr(bench._timing, "benchmark", benchmark)
+    monkeypatch.setattr(bench._timing, "can_hold", can_hold)
     monkeypatch.setattr(bench._checks, "poison_pool", lambda nbytes: None)
     monkeypatch.setattr(bench._checks, "stop_poisoning", lambda: None)
     monkeypatch.setattr(bench, "peak_memory", lambda fn: 0)
@@ -111,9 +111,16 @@ def test_bench_run_records_the_as_called_time_and_host_us_of_every_row(gpu, monk
                                  passed=True, reason="")]
     op = bench.Op(name="t", make_inputs=lambda case, seed: None, reference=lambda case, inputs: None,
                   check=lambda case, out, ref: passed)
-    impls = [bench.Impl(name="ours", prepare=lambda case, inputs: _call(gpu, 20e-6)),
-             bench.Impl(name="torch", baseline=True, prepare=lambda case, inputs: _call(gpu, 60e-6, syncs=True))]
-    results = bench.run(op, [bench.Case(name="tiny", params={})], impls, rounds=1, progress=None)
+    impls = [bench.Impl(name="ours", prepare=lambda case, inputs: ours_fn),
+             bench.Impl(name="torch", baseline=True, prepare=lambda case, inputs: torch_fn)]
+    return bench.run(op, [bench.Case(name="tiny", params={})], impls, rounds=1, progress=None)
+
+
+def test_bench_run_records_the_as_called_time_and_host_us_of_every_row(gpu, monkeypatch):
+    """bench.run with the timer and checks stubbed and timing's own as_called / host_us on the faked device."""
+    results = _run_two(monkeypatch, _call(gpu, 20e-6), _call(gpu, 60e-6, syncs=True),
+                       benchmark=lambda fn, **kw: timing.summarize([0.01] * 10, clocks={"held": kw["hold"]}),
+                       can_hold=lambda fn: True)
 
     ours, torch = results
     assert ours.host_us == pytest.approx(20.0) and ours.host_us_held
@@ -225,23 +232,10 @@ def test_overhead_suite_plans_with_no_gpu(module, extra, capsys):
 def test_a_host_time_case_also_holds_the_rows_that_can_be_held(gpu, monkeypatch):
     """A case with a baseline that synchronises is timed with host time for every row (the common way, which
     ratios use); a row whose own call can be held is also timed held once (``held_ms``), the other is not."""
-    monkeypatch.setattr(bench._device, "current", lambda: device.profile("h100_sxm"))
-    monkeypatch.setattr(bench._timing, "benchmark",
-                        lambda fn, **kw: timing.summarize([0.01 if kw["hold"] else 0.03] * 10,
-                                                          clocks={"held": kw["hold"]}))
     ours_fn, torch_fn = _call(gpu, 20e-6), _call(gpu, 60e-6, syncs=True)
-    monkeypatch.setattr(bench._timing, "can_hold", lambda fn: fn is ours_fn)
-    monkeypatch.setattr(bench._checks, "poison_pool", lambda nbytes: None)
-    monkeypatch.setattr(bench._checks, "stop_poisoning", lambda: None)
-    monkeypatch.setattr(bench, "peak_memory", lambda fn: 0)
-    monkeypatch.setattr(bench, "_free_pool", lambda: None)
-    passed = [checks.CheckResult(name="o", max_abs=0.0, max_rel=0.0, mean_abs=0.0, rel_l2=0.0, nonfinite=0,
-                                 passed=True, reason="")]
-    op = bench.Op(name="t", make_inputs=lambda case, seed: None, reference=lambda case, inputs: None,
-                  check=lambda case, out, ref: passed)
-    impls = [bench.Impl(name="ours", prepare=lambda case, inputs: ours_fn),
-             bench.Impl(name="torch", baseline=True, prepare=lambda case, inputs: torch_fn)]
-    ours, torch = bench.run(op, [bench.Case(name="tiny", params={})], impls, rounds=1, progress=None)
+    ours, torch = _run_two(monkeypatch, ours_fn, torch_fn, can_hold=lambda fn: fn is ours_fn,
+                           benchmark=lambda fn, **kw: timing.summarize([0.01 if kw["hold"] else 0.03] * 10,
+                                                                       clocks={"held": kw["hold"]}))
     assert ours.median_ms == torch.median_ms == pytest.approx(0.03)  # both with host time
     assert not ours.clocks["held"] and ours.held_ms == pytest.approx(0.01) and torch.held_ms is None
     assert json.loads(report.to_json([ours, torch], {}))["results"][0]["held_ms"] == pytest.approx(0.01)
