@@ -14,7 +14,7 @@ timer notices (the holding kernel times out), drops those samples and times with
 hold, the events around the work (``SAMPLE_ORDER`` = "flush-sync"). Until stop 63 the host did not wait for the
 flush, so a call shorter than the flush was timed in one of two regimes by the host's speed: its launch queued
 behind the running flush (a fast host), or reaching the device after it; a kernel that follows the flush at once
-reads 0.6-1.5 us slower on an H100 / H200 (ours, a plain CuPy kernel, triton's, torch's own sum; not cuDNN's:
+reads 0.4-1.5 us slower on an H100 / H200 (ours, a plain CuPy kernel, triton's, torch's own sum; not cuDNN's:
 docs/perf/engine.md, stops 62-63). ``SAMPLE_ORDER`` keeps the other orders for probes.
 NVML clock and throttle-reason samples taken during the run are attached to the result, so a throttled
 measurement is visible as such.
@@ -179,7 +179,7 @@ def flush_l2() -> None:
 
 _SOURCE = Path(__file__).parent / "kernels" / "block_stream.cu"
 _HOLD_TIMEOUT_NS = 20_000_000  # 20 ms: far longer than any host enqueue, short enough to give up quickly
-HOLD_SETTLE_NS = 0  # the least time a hold lasts from its start (block_stream.cu), i.e. from the flush's end
+HOLD_SETTLE_NS = 0  # the least time a hold lasts from its start (block_stream.cu), so after the flush's end
 # A sample's order (docs/perf/engine.md, stops 62-63): "flush-sync" (the default since stop 63, nvbench's cold
 # measurement) the host waits for the flush, then holds and enqueues, so every launch reaches a held device whose
 # flush is over; for probes, "flush-hold" (stops 58-62) the flush, then the hold, then the work is enqueued (a host
