@@ -234,6 +234,7 @@ class _Timed:
     host_us_held: bool | None = None
     launches: int | None = None
     held_ms: float | None = None
+    holdable: bool = False  # its own call enqueues without waiting for the device (timing.can_hold)
     error: Result | None = None
 
     @property
@@ -299,7 +300,9 @@ def run(
                 rows.append(outcome)
             else:
                 ready.append(outcome)
-        hold = all(_timing.can_hold(fn) for _, fn in ready)
+        for timed, fn in ready:  # each row's own probe, once: the case's way and a host-time row's held_ms
+            timed.holdable = _timing.can_hold(fn)
+        hold = all(timed.holdable for timed, _ in ready)
         if interleave and hold and rounds > 1 and len(ready) > 1:
             _time_interleaved(op, case, ready, reference, rounds, dict(timer, hold=True, budget_ms=budget_ms / rounds,
                                                                     min_samples=_ROUND_MIN_SAMPLES), progress, t0)
@@ -398,7 +401,7 @@ def _time_interleaved(op, case, ready, reference, rounds: int, timer: dict, prog
 def _take_user_times(timed: _Timed, fn, timer: dict) -> None:
     """What a user gets, taken once per row: the time as called, the host µs per call, the peak memory; and a
     host-time row's own device time where its call can be held (``Result.held_ms``)."""
-    if timed.host_time and _timing.can_hold(fn):
+    if timed.host_time and timed.holdable:
         timed.held_ms = _timing.benchmark(fn, **dict(timer, hold=True, budget_ms=_HELD_MS_BUDGET,
                                                      min_samples=10)).median_ms
     timed.as_called_ms = _timing.as_called(fn)
