@@ -121,6 +121,9 @@ class Result:
     # A row timed with host time because another implementation of its case waits for the device, whose own call
     # does not: its device time, held (median_ms stays the case's common way, which its ratios use)
     held_ms: float | None = None
+    # run(sustained_s=...): the call back to back for seconds, in two passes (timing.sustained, merge_sustained):
+    # ms, mJ, W and SM clock per call where a card settles at its power limit; with "speedup_vs_best_baseline"
+    sustained: dict | None = None
 
     @property
     def ok(self) -> bool:
@@ -235,6 +238,7 @@ class _Timed:
     launches: int | None = None
     held_ms: float | None = None
     holdable: bool = False  # its own call enqueues without waiting for the device (timing.can_hold)
+    sustained: list = dataclasses.field(default_factory=list)  # timing.sustained passes
     error: Result | None = None
 
     @property
@@ -263,13 +267,18 @@ def run(
     plan_of: Callable[[Case], str | None] = lambda case: None,
     progress=sys.stderr,
     interleave: bool = True,
+    sustained_s: float = 0.0,
 ) -> list[Result]:
     """Check and time every implementation on every case; returns one ``Result`` per pair. ``interleave`` (the
     default): a device-time case times its implementations in ``rounds`` rounds taken in turn, the order rotated
     each round (each gets a ``rounds``-th of the budget per round); False: one block each, in ``impls`` order, and
-    more rounds later only for rows that need them."""
+    more rounds later only for rows that need them. ``sustained_s`` > 0: after a case's timing, each of its rows
+    is also called back to back for that many seconds in all (``Result.sustained``: two passes of half of it, the
+    rows in order and then in reverse, so no row always follows the others' heat)."""
     if rounds < 1:
         raise ValueError(f"rounds must be at least 1, got {rounds}")
+    if not (isinstance(sustained_s, (int, float)) and sustained_s >= 0 and math.isfinite(sustained_s)):
+        raise ValueError(f"sustained_s must be a number >= 0, got {sustained_s!r}")
     spec = _device.current()
     rows: list[Result | _Timed] = []
     revisit: list[tuple[int, Case, list[_Timed]]] = []  # cases with rows that need more rounds
@@ -307,6 +316,7 @@ def run(
             _time_interleaved(op, case, ready, reference, rounds, dict(timer, hold=True, budget_ms=budget_ms / rounds,
                                                                     min_samples=_ROUND_MIN_SAMPLES), progress, t0)
             rows.extend(timed for timed, _ in ready)
+            _take_sustained(case, ready, sustained_s, progress, t0)
             continue
         if hold or rounds == 1:  # the whole budget; more rounds later if the samples do not settle
             first = dict(timer, hold=hold, budget_ms=budget_ms, min_samples=10)
@@ -320,6 +330,7 @@ def run(
                 _take_user_times(timed, fn, first)
             except Exception as exc:
                 timed.error = _error(timed.base, exc)
+        _take_sustained(case, ready, sustained_s, progress, t0)
         again = [t for t, _ in ready if t.error is None and t.unsettled]
         if again and rounds > 1:
             revisit.append((ci, case, again))
@@ -410,6 +421,21 @@ def _take_user_times(timed: _Timed, fn, timer: dict) -> None:
     timed.peak_memory_bytes = peak_memory(fn)
 
 
+def _take_sustained(case, ready, seconds: float, progress, t0: float) -> None:
+    """``run(sustained_s=...)``: each row of the case back to back for ``seconds`` / 2, in order, then again in
+    reverse order (timing.sustained)."""
+    if seconds <= 0:
+        return
+    live = [(t, fn) for t, fn in ready if t.error is None]
+    for order in (live, live[::-1]):
+        for timed, fn in order:
+            _progress(f"[{time.perf_counter() - t0:.0f}s] sustained {case.name} / {timed.impl.name}", progress)
+            try:
+                timed.sustained.append(_timing.sustained(fn, seconds / 2))
+            except Exception as exc:
+                timed.error = _error(timed.base, exc)
+
+
 def _time_round(op, case, timed: _Timed, fn, reference, rounds: int, **timer) -> None:
     """One round of timing, then the check of the timed runs' output (they must still be right)."""
     timed.rounds.append(_timing.benchmark(fn, **timer))
@@ -431,7 +457,8 @@ def _result(timed: _Timed, spec) -> Result:
                   round_medians_ms=list(t.round_medians_ms), round_noise=t.round_noise, checks=timed.checks,
                   clocks=t.clocks, throttled=t.throttled, peak_memory_bytes=timed.peak_memory_bytes,
                   plan=timed.plan, as_called_ms=timed.as_called_ms, host_us=timed.host_us,
-                  host_us_held=timed.host_us_held, launches=timed.launches, held_ms=timed.held_ms)
+                  host_us_held=timed.host_us_held, launches=timed.launches, held_ms=timed.held_ms,
+                  sustained=_timing.merge_sustained(timed.sustained) if timed.sustained else None)
 
 
 def _rank(results: list[Result]) -> None:
@@ -448,3 +475,10 @@ def _rank(results: list[Result]) -> None:
             if r.ok and r.median_ms and not math.isnan(r.median_ms):
                 r.speedup_vs_best_baseline = best.median_ms / r.median_ms
                 r.best_baseline = best.impl
+        steady = [r for r in baselines if r.sustained and r.sustained.get("ms_per_call")]
+        if steady:  # the same against the fastest baseline back to back (it may be another one)
+            fast = min(steady, key=lambda r: r.sustained["ms_per_call"])
+            for r in rows:
+                if r.ok and r.sustained and r.sustained.get("ms_per_call"):
+                    r.sustained["speedup_vs_best_baseline"] = fast.sustained["ms_per_call"] / r.sustained["ms_per_call"]
+                    r.sustained["best_baseline"] = fast.impl

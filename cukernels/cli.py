@@ -14,6 +14,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
+import math
 import sys
 import textwrap
 import time
@@ -111,6 +112,10 @@ def parser_for(ob: OpBench) -> argparse.ArgumentParser:
                    help="time a device-time case's implementations in --rounds rounds taken in turn, the order "
                         "rotated each round (default); --no-interleave: one block each, in --impl order (the "
                         "first block runs on the coolest clock: 4-17 %% in its favour on long grids of a warm H100)")
+    p.add_argument("--sustained", type=float, default=0.0, metavar="SECONDS",
+                   help="also call each row back to back for SECONDS in all (two passes, order reversed in the second) "
+                        "and report time, energy (mJ), power and SM clock per call there: where a card settles at "
+                        "its power limit, time per call follows energy per call (default 0: off)")
     p.add_argument("--seed", type=int, default=0, help="random seed of the inputs")
     ob.add_arguments(p)
     return p
@@ -258,6 +263,10 @@ def _check_options(ob: OpBench, args) -> tuple[list[bench.Impl], list[bench.Case
         raise UsageError("--profile, --compile and --verbose go with --plan")
     if args.rounds < 1:
         raise UsageError(f"--rounds {args.rounds}: needs at least 1")
+    if not (args.sustained >= 0 and math.isfinite(args.sustained)):
+        raise UsageError(f"--sustained {args.sustained}: needs a number of seconds >= 0")
+    if args.sustained and args.plan:
+        raise UsageError("--sustained times rows; it does not go with --plan")
     args.expected = _expected_choice(args.expected)
     return _select_impls(ob, args), _cases(ob, args)
 
@@ -280,7 +289,8 @@ def main(ob: OpBench, argv: Sequence[str] | None = None) -> int:
     table = score.select_table(spec, args.expected)
     t0 = time.perf_counter()
     results = bench.run(ob.op(args), cases, impls, seed=args.seed, budget_ms=args.budget_ms,
-                        rounds=args.rounds, plan_of=ob.plan_of, interleave=args.interleave)
+                        rounds=args.rounds, plan_of=ob.plan_of, interleave=args.interleave,
+                        sustained_s=args.sustained)
     env = environment.collect()
     by_name = {c.name: c for c in cases}
     extra = score_rows(ob, results, spec, by_name, table)

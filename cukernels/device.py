@@ -295,6 +295,18 @@ def nvml_info(device_id: int = 0) -> dict:
     return info
 
 
+def nvml_energy_mj(device_id: int = 0) -> float | None:
+    """The card's energy counter (mJ since the driver loaded; NVML, Volta and later), or None where NVML or the
+    counter is not there."""
+    nv, h = _nvml_handle(device_id)
+    if h is None:
+        return None
+    try:
+        return float(nv.nvmlDeviceGetTotalEnergyConsumption(h))
+    except Exception:
+        return None
+
+
 def nvml_sample(device_id: int = 0) -> dict:
     """One reading of the changing state: SM/memory clocks, power, temperature, throttle reasons."""
     nv, h = _nvml_handle(device_id)

@@ -27,7 +27,23 @@ def _error_cell(r: Result) -> str:
     return f"{worst['max_abs']:.2g} / {worst['max_rel']:.2g} {verdict}"
 
 
+def _sustained_cells(r: Result) -> dict:
+    """The columns of a run with ``--sustained``: the call back to back for seconds (bench.run(sustained_s))."""
+    st = r.sustained if r.ok else None
+    if not st or st.get("ms_per_call") is None:
+        return dict.fromkeys(("sustained µs/call", "mJ/call", "W", "SM MHz", "x best baseline sustained"), "")
+    x = st.get("speedup_vs_best_baseline")
+    return {
+        "sustained µs/call": f"{1e3 * st['ms_per_call']:,.1f}" + (" THROTTLED" if st.get("throttled") else ""),
+        "mJ/call": _fmt(st.get("mj_per_call"), ",.2f"),
+        "W": _fmt(st.get("power_w"), ".0f"),
+        "SM MHz": _fmt(st.get("sm_clock_mean_mhz"), ".0f"),
+        "x best baseline sustained": "" if x is None else f"{x:.2f} ({st.get('best_baseline')})",
+    }
+
+
 def rows(results: Sequence[Result]) -> list[dict]:
+    sustained = any(r.sustained for r in results)
     out = []
     for r in results:
         if r.ok:
@@ -51,6 +67,7 @@ def rows(results: Sequence[Result]) -> list[dict]:
             else f"{r.speedup_vs_best_baseline:.2f} ({r.best_baseline})",
             "max abs / rel err": _error_cell(r),
             "peak MiB": _mib(r.peak_memory_bytes),
+            **(_sustained_cells(r) if sustained else {}),
         })
     return out
 

@@ -29,7 +29,9 @@ larger of the two spreads: of all the samples, and of the round medians (half th
 
 What a user gets is timed apart from ``benchmark``: ``as_called`` is the wall time per call of back-to-back calls
 with one device synchronisation at the end (host and device overlap, no hold, no flush), ``host_us`` the host's
-own time per call, taken while the holding kernel keeps the device from stalling the host.
+own time per call, taken while the holding kernel keeps the device from stalling the host. ``sustained`` keeps
+a card busy with the call for seconds, as a training loop does, and reads time, energy and clock per call there:
+at a power limit the clock, and so the time, follow the energy a call spends.
 """
 from __future__ import annotations
 
@@ -300,6 +302,93 @@ def host_us(fn: Callable[[], object], *, per_call_ms: float, calls: int = HOST_C
             continue
         samples.append(elapsed * 1e6 / calls)
     return float(np.median(samples)), held
+
+
+SUSTAINED_BATCH_MS = 50.0  # sustained: calls enqueued between two synchronisations (an NVML reading each)
+
+
+def sustained(fn: Callable[[], object], seconds: float, *, batch_ms: float = SUSTAINED_BATCH_MS) -> dict:
+    """``fn`` called back to back for ``seconds`` s, the way a training loop keeps a card busy: within a second or
+    so a card at its power limit settles at the clock the limit allows, and there the time per call follows the
+    energy per call. The first half settles; the second is measured: wall ms per call, the card's energy counter
+    over it per call (mJ; None where NVML has no counter), the mean power, the SM clock (mean and range) and the
+    throttle reasons seen. The calls go in batches of about ``batch_ms``, each followed by one device
+    synchronisation (a gap of its latency per batch) with an NVML reading taken while the batch runs. No flush, no
+    hold: the L2 keeps what the last call left, as in a loop."""
+    import cupy
+
+    if not (isinstance(seconds, (int, float)) and seconds > 0 and math.isfinite(seconds)):
+        raise ValueError(f"seconds must be a positive number, got {seconds!r}")
+    dev = cupy.cuda.Device()
+    dev_id = dev.id
+    readings: list[dict] = []
+
+    def batch(n: int, sample: bool) -> float:
+        t = time.perf_counter()
+        for _ in range(n):
+            fn()
+        if sample:
+            readings.append(_device.nvml_sample(dev_id))  # while the batch runs (the host is ahead of it)
+        dev.synchronize()  # the device, not a stream: torch may enqueue on its own
+        return (time.perf_counter() - t) * 1e3
+
+    def resize(n: int, ms: float) -> int:
+        return max(1, min(n * 8, int(round(n * batch_ms / max(ms, 1e-3)))))
+
+    n = resize(1, batch(1, False))
+    settle_end = time.perf_counter() + seconds / 2
+    while time.perf_counter() < settle_end:
+        n = resize(n, batch(n, False))
+    e0 = _device.nvml_energy_mj(dev_id)
+    t0 = time.perf_counter()
+    stop, calls = t0 + seconds / 2, 0
+    while True:
+        batch(n, True)
+        calls += n
+        if time.perf_counter() >= stop:
+            break
+    wall = time.perf_counter() - t0
+    e1 = _device.nvml_energy_mj(dev_id)
+    energy = None if e0 is None or e1 is None or e1 < e0 else e1 - e0
+    clocks = [r["sm_clock_mhz"] for r in readings if "sm_clock_mhz" in r]
+    reasons = sorted({x for r in readings for x in r.get("throttle_reasons", [])})
+    return {
+        "seconds": wall,
+        "calls": calls,
+        "ms_per_call": wall * 1e3 / calls,
+        "mj_per_call": None if energy is None else energy / calls,
+        "power_w": None if energy is None else energy / 1e3 / wall,
+        "sm_clock_mean_mhz": float(np.mean(clocks)) if clocks else None,
+        "sm_clock_min_mhz": min(clocks) if clocks else None,
+        "sm_clock_max_mhz": max(clocks) if clocks else None,
+        "throttle_reasons": reasons,
+        "throttled": bool(set(reasons) & _device.SLOWDOWN_REASONS),
+    }
+
+
+def merge_sustained(passes: Sequence[dict]) -> dict:
+    """Passes of ``sustained`` over the same call (taken at different moments) as one: means of the per-call
+    figures, extremes of the clock, every reason seen; the passes kept."""
+    def mean(key):
+        vals = [p[key] for p in passes if p.get(key) is not None]
+        return float(np.mean(vals)) if len(vals) == len(passes) else None
+
+    lows = [p["sm_clock_min_mhz"] for p in passes if p.get("sm_clock_min_mhz") is not None]
+    highs = [p["sm_clock_max_mhz"] for p in passes if p.get("sm_clock_max_mhz") is not None]
+    reasons = sorted({x for p in passes for x in p.get("throttle_reasons", [])})
+    return {
+        "seconds": float(sum(p["seconds"] for p in passes)),
+        "calls": int(sum(p["calls"] for p in passes)),
+        "ms_per_call": mean("ms_per_call"),
+        "mj_per_call": mean("mj_per_call"),
+        "power_w": mean("power_w"),
+        "sm_clock_mean_mhz": mean("sm_clock_mean_mhz"),
+        "sm_clock_min_mhz": min(lows) if lows else None,
+        "sm_clock_max_mhz": max(highs) if highs else None,
+        "throttle_reasons": reasons,
+        "throttled": bool(set(reasons) & _device.SLOWDOWN_REASONS),
+        "passes": [dict(p) for p in passes],
+    }
 
 
 def _clock_summary(readings: list[dict]) -> dict:

@@ -60,6 +60,9 @@ def test_a_bad_case_names_the_cases_and_the_suite_that_has_it(capsys):
     (["--plan", "--profile", "h300"], "known profiles: a10"),
     (["--expected", "h300"], "known: a10, a100_80gb"),
     (["--compile"], "go with --plan"),
+    (["--sustained", "-1"], "--sustained -1.0: needs a number of seconds >= 0"),
+    (["--sustained", "nan"], "--sustained nan: needs"),
+    (["--plan", "--profile", "h200", "--sustained", "2"], "does not go with --plan"),
 ])
 def test_usage_errors_exit_2_and_name_what_is_accepted(argv, names, capsys):
     rc, out, err = _run(attention_bench.main, argv, capsys)

@@ -96,6 +96,26 @@ def test_held_timing_measures_device_time_not_host_time():
     assert not t.clocks["held"] and t.median_ms < 15.0  # no 20 ms hold timeouts left in the samples
 
 
+def test_sustained_reads_time_energy_and_clock_per_call():
+    """timing.sustained on a real card: a 256 MiB copy back to back; where NVML has an energy counter (every
+    datacenter card since Volta), the energy per call and the mean power are read from it and plausible."""
+    import cupy
+
+    a = cupy.ones(1 << 26, dtype=cupy.float32)
+    b = cupy.empty_like(a)
+
+    def copy():
+        b[...] = a
+
+    out = timing.sustained(copy, 1.0)
+    print(out)
+    assert out["calls"] > 10 and 0.4 <= out["seconds"] < 2.0
+    assert 0.05 < out["ms_per_call"] < 100 and out["sm_clock_mean_mhz"] and out["sm_clock_mean_mhz"] > 100
+    if device.nvml_energy_mj() is not None:
+        assert 30 < out["power_w"] < 2000  # a busy card draws more than idle and less than any card's limit
+        assert out["mj_per_call"] == pytest.approx(out["power_w"] * out["ms_per_call"], rel=1e-6)
+
+
 @pytest.mark.parametrize("order", timing.SAMPLE_ORDERS)
 def test_held_timing_in_every_sample_order_and_with_a_settle(monkeypatch, order):
     """Whatever the sample's order (the probe knob) and however long the hold lasts past the flush, the events

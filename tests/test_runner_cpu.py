@@ -1,5 +1,6 @@
 """Runner pieces with no GPU: expected tables, scoring, grades, plausibility, report rendering."""
 import dataclasses
+import time
 
 import pytest
 
@@ -222,6 +223,93 @@ def test_interleave_times_a_device_time_case_in_rotated_turns(monkeypatch):
     assert [c[1:] for c in calls if c[0] == "host" and c[2]] == [("ours", True, bench._HELD_MS_BUDGET, 10),
                                                                   ("cudnn", True, bench._HELD_MS_BUDGET, 10)]
     assert [c[1] for c in calls if c[0] == "host" and not c[2]][:3] == ["ours", "cudnn", "flash"]
+
+
+def test_sustained_rows_take_two_passes_in_opposite_orders_and_are_ranked(monkeypatch):
+    """bench.run(sustained_s=S): after a case's timing each row is called back to back in two passes of S / 2 s,
+    the rows in order and then reversed; Result.sustained merges them (means per call, every reason seen) and
+    sets each row against the fastest baseline back to back; the table gains its columns."""
+    from cukernels import timing
+
+    _stub_gpu(monkeypatch, lambda fn, *, hold, budget_ms, min_samples, rel_noise_target: timing.summarize(
+        [1.0] * min_samples, clocks={"held": hold}))
+    passes = []
+    ms = {"ours": 1.0, "cublas": 1.25, "grouped": 1.1}
+
+    def sustained(fn, seconds):
+        passes.append((fn.case, fn.impl, seconds))
+        k = sum(p[:2] == (fn.case, fn.impl) for p in passes)  # the second pass: 10 % slower, hotter
+        return {"seconds": seconds, "calls": 100, "ms_per_call": ms[fn.impl] * (1.1 if k == 2 else 1.0),
+                "mj_per_call": 700.0 * ms[fn.impl], "power_w": 700.0, "sm_clock_mean_mhz": 1300.0 + k,
+                "sm_clock_min_mhz": 1250 + k, "sm_clock_max_mhz": 1400 + k,
+                "throttle_reasons": ["sw_power_cap"] if k == 2 else [], "throttled": k == 2}
+
+    monkeypatch.setattr(bench._timing, "sustained", sustained)
+
+    def impl(name):
+        def prepare(case, inputs):
+            def fn():
+                return "ok"
+            fn.case, fn.impl, fn.syncs = case.name, name, False
+            return fn
+        return bench.Impl(name=name, prepare=prepare, baseline=name != "ours")
+
+    cases = [bench.Case(name=n, params={}) for n in ("a", "b")]
+    impls = [impl("ours"), impl("cublas"), impl("grouped")]
+    with pytest.raises(ValueError, match="sustained_s must be a number >= 0"):
+        bench.run(_op_checking_ok(), cases, impls, progress=None, sustained_s=-1.0)
+    assert not passes
+    results = bench.run(_op_checking_ok(), cases, impls, budget_ms=300, rounds=3, progress=None, sustained_s=4.0)
+    order = ["ours", "cublas", "grouped"]
+    assert passes == [(c, i, 2.0) for c in ("a", "b") for i in order + order[::-1]]
+    by = {(r.case, r.impl): r for r in results}
+    st = by["a", "ours"].sustained
+    assert st["ms_per_call"] == pytest.approx(1.05) and st["mj_per_call"] == pytest.approx(700.0)
+    assert (st["sm_clock_min_mhz"], st["sm_clock_max_mhz"], st["calls"], len(st["passes"])) == (1251, 1402, 200, 2)
+    assert st["throttle_reasons"] == ["sw_power_cap"] and st["throttled"]
+    assert st["best_baseline"] == "grouped" and st["speedup_vs_best_baseline"] == pytest.approx(1.1)
+    assert by["a", "cublas"].sustained["speedup_vs_best_baseline"] == pytest.approx(1.1 / 1.25)
+    text = report.table(results)
+    assert "sustained µs/call" in text and "1,050.0 THROTTLED" in text and "1.10 (grouped)" in text
+    assert "mJ/call" not in report.table([_r()])  # no sustained passes: no such columns
+
+
+def test_sustained_measures_the_second_half_with_the_energy_counter(monkeypatch):
+    """timing.sustained: the first half settles, the second is measured in batches; energy per call is the
+    counter's difference over the measured calls; the clock and reasons come from readings taken in the batches."""
+    import cupy
+
+    from cukernels import timing
+
+    state = {"mj": 1000.0, "calls": 0, "syncs": 0}
+
+    class FakeDevice:
+        id = 0
+
+        def synchronize(self):
+            state["syncs"] += 1
+
+    def fn():
+        state["calls"] += 1
+        state["mj"] += 5.0
+        time.sleep(0.0005)
+
+    monkeypatch.setattr(cupy.cuda, "Device", FakeDevice)
+    monkeypatch.setattr(timing._device, "nvml_energy_mj", lambda dev: state["mj"])
+    monkeypatch.setattr(timing._device, "nvml_sample", lambda dev: {
+        "sm_clock_mhz": 1300 + state["calls"] % 2, "throttle_reasons": ["sw_power_cap"]})
+    with pytest.raises(ValueError, match="seconds must be a positive number"):
+        timing.sustained(fn, 0)
+    out = timing.sustained(fn, 0.2, batch_ms=10.0)
+    assert out["mj_per_call"] == pytest.approx(5.0)  # the measured half's calls only
+    assert 0 < out["calls"] < state["calls"] and out["seconds"] >= 0.1
+    assert out["ms_per_call"] == pytest.approx(1e3 * out["seconds"] / out["calls"])
+    assert out["power_w"] == pytest.approx(5.0 * out["calls"] / 1e3 / out["seconds"])
+    assert 1300 <= out["sm_clock_min_mhz"] <= out["sm_clock_mean_mhz"] <= out["sm_clock_max_mhz"] <= 1301
+    assert out["throttled"] and out["throttle_reasons"] == ["sw_power_cap"]
+    monkeypatch.setattr(timing._device, "nvml_energy_mj", lambda dev: None)  # no counter: no energy, still time
+    out = timing.sustained(fn, 0.05, batch_ms=10.0)
+    assert out["mj_per_call"] is None and out["power_w"] is None and out["ms_per_call"] > 0
 
 
 def _rerun_doc(**rows):
