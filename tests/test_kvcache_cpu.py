@@ -173,3 +173,15 @@ def test_short_caches_of_one_sequence_split_for_half_the_sms_on_sm90():
     assert plan_call(_problem(batch=8, max_keys=1024), h100).splits == 2  # a grid of 64: the fill rule
     assert plan_call(_problem(batch=1, kv_heads=32, max_keys=8192), h100).splits == 4  # not a short cache
     assert plan_call(one_seq, a100).splits == 3  # measured on sm_90 only: the fill rule elsewhere
+
+
+@pytest.mark.slow
+def test_decode_timeline_probe_compiles_without_spills():
+    """The ATTN_DECODE_TIMELINE probe of flash_decode.cu (off in the engine's builds; docs/results/h100/stop64/
+    decode_paged/decode_tl.py) compiles on sm_90a with no spills for a clustered paged instance, a contiguous one and
+    a head-dim-64 paged one."""
+    exprs = ["flash_decode_cluster<__nv_bfloat16,128,4,3,true,false,8>",
+             "flash_decode_cluster<__nv_bfloat16,128,4,3,false,false,8>", "flash_decode<__nv_bfloat16,64,4,4,true,false>"]
+    res = compile.compile_offline(SOURCE, exprs, "sm_90a", options=("-DATTN_DECODE_TIMELINE=64",))
+    for expr, r in res.items():
+        assert r.spills == 0 and r.stack_bytes == 0, (expr, r)

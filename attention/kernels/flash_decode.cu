@@ -43,6 +43,28 @@
 
 using namespace attn;
 
+// ATTN_DECODE_TIMELINE=N (a probe, never defined in the engine's builds, whose SASS it leaves untouched): thread 0
+// of each of the first N CTAs (x fastest, then y, z) writes stamps into attn_decode_timeline[cta][slot] (the host
+// zeroes it first): 0 the global timer (ns) at entry, 7 at exit (a cluster's CTAs); 1-6 clock64 at: 1 past
+// pdl::enter, 2 the first stages' copies issued (paged: after the page offsets' barrier), 3 stage 0 landed (past
+// its wait and barrier), 4 the loop done, 5 the warps merged, 6 exit (a cluster's CTAs).
+// docs/results/h100/stop64/decode_paged/decode_tl.py reads them.
+#ifdef ATTN_DECODE_TIMELINE
+#include "timeline.cuh"
+__device__ unsigned long long attn_decode_timeline[ATTN_DECODE_TIMELINE][8];
+#define ADT_STAMP(slot, value)                                                                                   \
+    do {                                                                                                         \
+        const unsigned cta_ = blockIdx.x + gridDim.x * (blockIdx.y + gridDim.y * blockIdx.z);                    \
+        if (threadIdx.x == 0 && cta_ < ATTN_DECODE_TIMELINE) attn_decode_timeline[cta_][slot] = (value);         \
+    } while (0)
+#define ADT_CLOCK() ((unsigned long long)clock64())
+#define ADT_NOW() global_timer_ns()
+#else
+#define ADT_STAMP(slot, value) \
+    do {                       \
+    } while (0)
+#endif
+
 // A page id as read from the block table, clamped to [0, num_pages) (the host checks the table; this keeps a bad
 // one in bounds).
 __device__ __forceinline__ int clamp_page(int raw, int num_pages) { return min(max(raw, 0), num_pages - 1); }
@@ -105,9 +127,11 @@ __device__ __forceinline__ void decode_body(DECODE_PARAMS) {
     const int split = blockIdx.x, kvh = blockIdx.y % kv_heads, row_tile = blockIdx.y / kv_heads, b = blockIdx.z;
     const int rows = seq_q * kv_group;
     const int r0 = row_tile * 16;
+    ADT_STAMP(0, ADT_NOW());
     // launched as a programmatic dependent (sm_90): nothing global is read or written before the grid before it
     // (kv_append, or the kernel that made q) has finished; the next kernel may be scheduled from here on
     pdl::enter();
+    ADT_STAMP(1, ADT_CLOCK());
     // Paged: the block-table reads of the first STAGES stages' groups (and stage STAGES's) go out before the
     // sequence length is known, from where the split starts when no window moves it (split_keys is a multiple of
     // 16): the table and the length then cost one trip to memory, not two. Entries past the sequence are read
@@ -254,6 +278,7 @@ __device__ __forceinline__ void decode_body(DECODE_PARAMS) {
         cp_async_commit();
         load_ring = load_ring + 1 == STAGES ? 0 : load_ring + 1;
     }
+    ADT_STAMP(2, ADT_CLOCK());
 
     // ldmatrix addresses (common.cuh); warp w's keys start 16 w rows into each stage
     unsigned q_off[4], k_off[4], v_off[4];
@@ -299,6 +324,9 @@ __device__ __forceinline__ void decode_body(DECODE_PARAMS) {
             }
         }
         __syncthreads();
+#ifdef ATTN_DECODE_TIMELINE
+        if (st == 0) ADT_STAMP(3, ADT_CLOCK());
+#endif
         if constexpr (PAGED) {
             if (st % STAGES == 0 && tid < STAGES * WARPS) {  // stages st + STAGES .. st + 2 STAGES - 1's offsets
                 // (copied from the next iteration on; their slots' last reader copied at iteration st - STAGES),
@@ -352,6 +380,7 @@ __device__ __forceinline__ void decode_body(DECODE_PARAMS) {
     }
     cp_async_wait<0>();
     __syncthreads();
+    ADT_STAMP(4, ADT_CLOCK());
 
     // ---- merge the warps: (max in log2 units, sum, O) per row through shared memory (the K/V ring's space)
     float* sM = reinterpret_cast<float*>(sK);  // [WARPS][16]
@@ -414,6 +443,7 @@ __device__ __forceinline__ void decode_body(DECODE_PARAMS) {
             if (c == 0) lse_part[row] = row_lse;
         }
     }
+    ADT_STAMP(5, ADT_CLOCK());
     if constexpr (CLUSTER > 1) {
         // Every CTA of the cluster takes every CLUSTER-th (row, 4 columns) item: the CLUSTER LSEs and partial O
         // of its row read from the CTAs' shared memory (all loads of an item in flight together), weights
@@ -453,6 +483,8 @@ __device__ __forceinline__ void decode_body(DECODE_PARAMS) {
             if (oc == 0) lse[((long long)b * heads + head) * seq_q + qi] = l > 0.f ? m + logf(l) : neg_inf();
         }
         tma::cluster_sync();  // no CTA leaves while another still reads its shared memory
+        ADT_STAMP(6, ADT_CLOCK());
+        ADT_STAMP(7, ADT_NOW());
         return;
     }
     if (o_part == nullptr) return;
