@@ -351,7 +351,6 @@ def sustained(fn: Callable[[], object], seconds: float, *, batch_ms: float = SUS
     e1 = _device.nvml_energy_mj(dev_id)
     energy = None if e0 is None or e1 is None or e1 < e0 else e1 - e0
     clocks = [r["sm_clock_mhz"] for r in readings if "sm_clock_mhz" in r]
-    reasons = sorted({x for r in readings for x in r.get("throttle_reasons", [])})
     return {
         "seconds": wall,
         "calls": calls,
@@ -359,23 +358,17 @@ def sustained(fn: Callable[[], object], seconds: float, *, batch_ms: float = SUS
         "mj_per_call": None if energy is None else energy / calls,
         "power_w": None if energy is None else energy / 1e3 / wall,
         "sm_clock_mean_mhz": float(np.mean(clocks)) if clocks else None,
-        "sm_clock_min_mhz": min(clocks) if clocks else None,
-        "sm_clock_max_mhz": max(clocks) if clocks else None,
-        "throttle_reasons": reasons,
-        "throttled": bool(set(reasons) & _device.SLOWDOWN_REASONS),
+        **_clock_summary(readings),  # extremes, throttle reasons, throttled: as a timed row's clocks
     }
 
 
 def merge_sustained(passes: Sequence[dict]) -> dict:
     """Passes of ``sustained`` over the same call (taken at different moments) as one: means of the per-call
-    figures, extremes of the clock, every reason seen; the passes kept."""
+    figures, the clock summaries merged as rounds' are (``_merge_clocks``); the passes kept."""
     def mean(key):
         vals = [p[key] for p in passes if p.get(key) is not None]
         return float(np.mean(vals)) if len(vals) == len(passes) else None
 
-    lows = [p["sm_clock_min_mhz"] for p in passes if p.get("sm_clock_min_mhz") is not None]
-    highs = [p["sm_clock_max_mhz"] for p in passes if p.get("sm_clock_max_mhz") is not None]
-    reasons = sorted({x for p in passes for x in p.get("throttle_reasons", [])})
     return {
         "seconds": float(sum(p["seconds"] for p in passes)),
         "calls": int(sum(p["calls"] for p in passes)),
@@ -383,10 +376,7 @@ def merge_sustained(passes: Sequence[dict]) -> dict:
         "mj_per_call": mean("mj_per_call"),
         "power_w": mean("power_w"),
         "sm_clock_mean_mhz": mean("sm_clock_mean_mhz"),
-        "sm_clock_min_mhz": min(lows) if lows else None,
-        "sm_clock_max_mhz": max(highs) if highs else None,
-        "throttle_reasons": reasons,
-        "throttled": bool(set(reasons) & _device.SLOWDOWN_REASONS),
+        **_merge_clocks(passes),
         "passes": [dict(p) for p in passes],
     }
 

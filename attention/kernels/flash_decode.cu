@@ -324,9 +324,7 @@ __device__ __forceinline__ void decode_body(DECODE_PARAMS) {
             }
         }
         __syncthreads();
-#ifdef ATTN_DECODE_TIMELINE
         if (st == 0) ADT_STAMP(3, ADT_CLOCK());
-#endif
         if constexpr (PAGED) {
             if (st % STAGES == 0 && tid < STAGES * WARPS) {  // stages st + STAGES .. st + 2 STAGES - 1's offsets
                 // (copied from the next iteration on; their slots' last reader copied at iteration st - STAGES),
