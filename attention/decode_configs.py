@@ -68,6 +68,7 @@ class DecodeConfig:
     head_dim: int
     warps: int = 4
     stages: int = 3
+    warp_pipe: bool = False  # each warp copies its own 16 keys of a stage: warp barriers (flash_decode's WARP_PIPE)
 
     source = "flash_decode.cu"
 
@@ -97,10 +98,11 @@ class DecodeConfig:
     def name_expression(self, *, dtype, paged: bool, pair: bool = False, cluster: int = 1) -> str:
         args = (f"{dtypes.ctype(dtype)},{self.head_dim},{self.warps},{self.stages},{'true' if paged else 'false'},"
                 f"{'true' if pair else 'false'}")
-        return f"flash_decode_cluster<{args},{cluster}>" if cluster > 1 else f"flash_decode<{args}>"
+        pipe = ",true" if self.warp_pipe else ""
+        return f"flash_decode_cluster<{args},{cluster}{pipe}>" if cluster > 1 else f"flash_decode<{args}{pipe}>"
 
     def __str__(self) -> str:
-        return f"DecodeConfig(d{self.head_dim} w{self.warps} s{self.stages})"
+        return f"DecodeConfig(d{self.head_dim} w{self.warps} s{self.stages}{' pipe' if self.warp_pipe else ''})"
 
 
 def search_space(head_dim: int, waves: float = 0.0, paged: bool = False, keys: int = 0,
@@ -146,6 +148,28 @@ def search_space(head_dim: int, waves: float = 0.0, paged: bool = False, keys: i
     else:
         first = []
     return [DecodeConfig(head_dim=head_dim, warps=w, stages=s) for w, s in first + [(4, 3), (4, 2), (2, 3), (2, 2)]]
+
+
+# flash_decode's WARP_PIPE where use_warp_pipe says so; None = the rule, True / False = every call (A/B runs)
+WARP_PIPE: bool | None = None
+# use_warp_pipe: CTAs that stream at most this many keys (a split's)
+WARP_PIPE_MAX_SPLIT_KEYS = 1024
+
+
+def use_warp_pipe(problem: DecodeProblem, split_keys: int) -> bool:
+    """Whether each warp copies only its own 16 keys of every stage (flash_decode's WARP_PIPE: a warp barrier per
+    stage, a paged cache's page ids in the warp's lanes) instead of the CTA copying each stage together (a CTA
+    barrier per stage, page offsets looked up a block of stages at a time into shared memory): for a paged cache,
+    or head dim 256, where a CTA streams at most ``WARP_PIPE_MAX_SPLIT_KEYS`` keys. Measured on an H100
+    (2026-11-27, stop 65, held, 5 rotated rounds, one process per head dim; docs/results/h100/stop65/warp_pipe/),
+    pipe / CTA copies: pages of 16 at B1 L1k 0.94-0.97 (32/8, 32/32 q1 / q4, 16/16 d64), B1 L8k d64 (1,024 keys a
+    CTA) 0.98-0.99, B8 L1k 0.98-0.99, head dim 256 B1 L8k 0.85 (0.95 contiguous), B8 / B64 L1k d256 0.98-0.99;
+    CTAs streaming 2k keys or more level to 2 % slower on either cache (B1 L8k 32/32 paged 1.02, B1 L32k d64
+    1.01, B2 / B4 L32k d64 paged 1.01-1.02), and contiguous caches at head dim 64 / 128 level to 3.5 % slower
+    (B1 L1k 32/32 1.03-1.04)."""
+    if WARP_PIPE is not None:
+        return WARP_PIPE
+    return (problem.paged or problem.head_dim == 256) and split_keys <= WARP_PIPE_MAX_SPLIT_KEYS
 
 
 def plan_decode(problem: DecodeProblem, spec: DeviceSpec) -> tiling.Plan:
@@ -234,6 +258,9 @@ def plan_call(problem: DecodeProblem, spec: DeviceSpec, *, heads_adjacent: bool 
     keys = plan.config.keys_per_stage
     split_keys = -(-(-(-kp.max_keys // splits)) // keys) * keys
     splits = min(splits, -(-kp.max_keys // split_keys))
+    if use_warp_pipe(kp, split_keys):  # the same ring and splits, each warp copying its own keys
+        plan = dataclasses.replace(plan, config=dataclasses.replace(plan.config, warp_pipe=True),
+                                   reason=plan.reason + "; each warp copies its own keys")
     clustered = (spec.compute_capability >= (9, 0) and splits in CLUSTER_SPLITS
                  and split_keys <= CLUSTER_MAX_SPLIT_KEYS)
     cluster = splits if clustered else 1

@@ -95,6 +95,28 @@ def test_paged_long_splits_wrap_the_page_lookup_ring(dim, ring, splits, monkeypa
         kvcache._CACHE.clear()
 
 
+@pytest.mark.parametrize("pipe", [False, True])
+@pytest.mark.parametrize("dim,page,seq_q,splits,window", [
+    (64, 16, 1, 1, None), (128, 48, 4, 3, None), (256, 16, 1, 4, None), (128, None, 4, 2, None),
+    (256, None, 3, 1, None), (64, 48, 2, 1, (37, 0)), (128, 16, 1, 2, (300, 0)), (256, 256, 1, None, None)])
+def test_both_copy_pipelines(pipe, dim, page, seq_q, splits, window, monkeypatch):
+    """Each warp copying its own keys (flash_decode's WARP_PIPE) and the CTA copying each stage, forced either
+    way: shuffled pages (a warp's page ids in its lanes, more than a block of 32 stages at 3,000 keys), ragged
+    lengths with 0, 1 and page boundaries, GQA rows over several tiles, splits (4: a cluster), windows whose start
+    moves the first group, every head dim (256: Q read from shared memory in the loop)."""
+    from attention import decode_configs, kvcache
+
+    monkeypatch.setattr(decode_configs, "WARP_PIPE", pipe)
+    lens = [0, 1, 16, 48, 1000, 3000]
+    kvcache._CACHE.clear()
+    try:
+        _check(*_case(6, seq_q, 8, 2, dim, lens, page=page, max_seq=3072, seed=dim + seq_q), "bf16",
+               num_splits=splits, window=window, causal=window is not None)
+        assert [c.config.warp_pipe for c in kvcache._CACHE._entries.values()] == [pipe]
+    finally:
+        kvcache._CACHE.clear()
+
+
 @pytest.mark.parametrize("seq_q,causal", [(1, False), (4, True), (4, False), (7, True)])
 def test_gqa_packing_and_causal_bottom_right(seq_q, causal):
     # 32 query heads over 8 KV heads: 4 x seq_q packed rows per KV head (more than 16 rows: several row tiles)

@@ -100,7 +100,7 @@ __device__ __forceinline__ long long row_offset(int2 at, long long s_b, long lon
 // block cluster (grid.x = CLUSTER). Each CTA leaves its rows' normalised O (fp32) and LSE in its own shared memory;
 // after a cluster barrier the CTAs merge the rows by LSE between them, reading the others' shared memory
 // (distributed shared memory), and meet again before exiting: no partials in global memory, no fence, no counter.
-template <typename T, int HEAD_DIM, int WARPS, int STAGES, bool PAGED, bool PAIR, int CLUSTER>
+template <typename T, int HEAD_DIM, int WARPS, int STAGES, bool PAGED, bool PAIR, int CLUSTER, bool WARP_PIPE>
 __device__ __forceinline__ void decode_body(DECODE_PARAMS) {
     constexpr int THREADS = WARPS * 32;
     constexpr int KEYS = WARPS * 16;      // keys per stage
@@ -158,7 +158,12 @@ __device__ __forceinline__ void decode_body(DECODE_PARAMS) {
     // Threads 0..STAGES x WARPS - 1 each keep one group of a block of STAGES stages: first_pid its page id in the
     // first block, next_pid in the block after the one whose offsets are stored next
     int first_pid = 0, next_pid = 0;
-    if constexpr (PAGED) {
+    // WARP_PIPE: lane l of warp w holds the page id of warp w's group in stage 32 blk + l (w_ids), and of the
+    // block after (w_ids_next, read when the block before is entered)
+    int w_ids = 0, w_ids_next = 0, w_blk = 0;
+    if constexpr (PAGED && WARP_PIPE) {
+        w_ids = page_at(split_begin + lane * KEYS + warp * 16, capacity);
+    } else if constexpr (PAGED) {
         if (tid < STAGES * WARPS) {
             first_pid = page_at(split_begin + (tid / WARPS) * KEYS + (tid % WARPS) * 16, capacity);
             next_pid = page_at(split_begin + (STAGES + tid / WARPS) * KEYS + (tid % WARPS) * 16, capacity);
@@ -202,6 +207,39 @@ __device__ __forceinline__ void decode_body(DECODE_PARAMS) {
     constexpr int OFF_RING = 2 * STAGES;
     __shared__ long long s_off[PAGED ? OFF_RING : 1][PAGED ? 2 * WARPS : 1];
     auto load_kv = [&](int stage_idx, int ring, int j0, int bound) {
+        if constexpr (WARP_PIPE) {  // this warp's 16 rows: 16 x CHUNKS chunks of K and of V over its 32 lanes
+            long long kgrp = 0, vgrp = 0;
+            const int jg = j0 + warp * 16;  // the group's first key
+            if constexpr (PAGED) {
+                if ((stage_idx >> 5) != w_blk) {  // entering the next block of 32 stages
+                    w_ids = w_ids_next;
+                    w_blk = stage_idx >> 5;
+                    w_ids_next = page_at(jg + (32 - (stage_idx & 31)) * KEYS + lane * KEYS, capacity);
+                }
+                const int pid = clamp_page(__shfl_sync(0xffffffffu, w_ids, stage_idx & 31), num_pages);
+                const long long slot = jg - page_index(jg) * page;
+                kgrp = pid * k_sb + slot * k_ss;
+                vgrp = pid * v_sb + slot * v_ss;
+            }
+#pragma unroll
+            for (int it = 0; it < 16 * CHUNKS / 32; ++it) {
+                const int i = it * 32 + lane;
+                const int r = i / CHUNKS, ch = i % CHUNKS, row = warp * 16 + r;
+                const int j = jg + r;
+                const bool ok = j < bound;
+                long long off, voff;
+                if constexpr (PAGED) {
+                    off = kgrp + r * k_ss;
+                    voff = vgrp + r * v_ss;
+                } else {
+                    const int2 at = make_int2(b, ok ? j : 0);
+                    off = row_offset(at, k_sb, k_ss), voff = row_offset(at, v_sb, v_ss);
+                }
+                cp_async16(smem_addr(sK + ring * KEYS * HEAD_DIM + swizzled<HEAD_DIM>(row, ch)), kb + off + ch * 8, ok);
+                cp_async16(smem_addr(sV + ring * KEYS * HEAD_DIM + swizzled<HEAD_DIM>(row, ch)), vb + voff + ch * 8, ok);
+            }
+            return;
+        }
 #pragma unroll
         for (int it = 0; it < KEYS * CHUNKS / THREADS; ++it) {
             const int i = it * THREADS + tid;
@@ -260,14 +298,19 @@ __device__ __forceinline__ void decode_body(DECODE_PARAMS) {
     if constexpr (PAGED) {
         // the first block's offsets (a window that moved the start reads its groups again), the second block's
         // page ids into registers
-        if (k_begin != split_begin) {  // the same for the whole CTA
-            if (tid < STAGES * WARPS) {
-                first_pid = group_page(tid / WARPS, tid % WARPS);
-                next_pid = group_page(STAGES + tid / WARPS, tid % WARPS);
+        if constexpr (WARP_PIPE) {
+            if (k_begin != split_begin) w_ids = page_at(k_begin + lane * KEYS + warp * 16, capacity);
+            if (n_stages > 32) w_ids_next = page_at(k_begin + (32 + lane) * KEYS + warp * 16, capacity);
+        } else {
+            if (k_begin != split_begin) {  // the same for the whole CTA
+                if (tid < STAGES * WARPS) {
+                    first_pid = group_page(tid / WARPS, tid % WARPS);
+                    next_pid = group_page(STAGES + tid / WARPS, tid % WARPS);
+                }
             }
+            if (tid < STAGES * WARPS) store_offsets(tid / WARPS, tid % WARPS, first_pid);
+            __syncthreads();
         }
-        if (tid < STAGES * WARPS) store_offsets(tid / WARPS, tid % WARPS, first_pid);
-        __syncthreads();
     }
     int next_load = 0, load_ring = 0;
 #pragma unroll
@@ -290,6 +333,9 @@ __device__ __forceinline__ void decode_body(DECODE_PARAMS) {
         __syncthreads();
 #pragma unroll
         for (int kk = 0; kk < KSTEPS; ++kk) ldmatrix_x4(q_addr(kk), qf[kk][0], qf[kk][1], qf[kk][2], qf[kk][3]);
+    } else if constexpr (WARP_PIPE) {  // Q read from shared memory in the loop, whose barriers are the warp's own
+        cp_async_wait<STAGES - 1>();
+        __syncthreads();
     }
 
     // rows g and g + 8 of the tile: the keys each may see
@@ -314,8 +360,8 @@ __device__ __forceinline__ void decode_body(DECODE_PARAMS) {
             // the copies bounded by k_end would have left them (this thread's own copies, landed with the wait)
 #pragma unroll
             for (int it = 0; it < KEYS * CHUNKS / THREADS; ++it) {
-                const int i = it * THREADS + tid;
-                const int row = i / CHUNKS, ch = i % CHUNKS;
+                const int i = WARP_PIPE ? it * 32 + lane : it * THREADS + tid;
+                const int row = WARP_PIPE ? warp * 16 + i / CHUNKS : i / CHUNKS, ch = i % CHUNKS;
                 if (split_begin + row >= k_end) {
                     const uint4 z = make_uint4(0, 0, 0, 0);
                     *reinterpret_cast<uint4*>(sK + swizzled<HEAD_DIM>(row, ch)) = z;
@@ -323,9 +369,13 @@ __device__ __forceinline__ void decode_body(DECODE_PARAMS) {
                 }
             }
         }
-        __syncthreads();
+        if constexpr (WARP_PIPE) {
+            __syncwarp();
+        } else {
+            __syncthreads();
+        }
         if (st == 0) ADT_STAMP(3, ADT_CLOCK());
-        if constexpr (PAGED) {
+        if constexpr (PAGED && !WARP_PIPE) {
             if (st % STAGES == 0 && tid < STAGES * WARPS) {  // stages st + STAGES .. st + 2 STAGES - 1's offsets
                 // (copied from the next iteration on; their slots' last reader copied at iteration st - STAGES),
                 // then the page ids of the block after
@@ -620,14 +670,14 @@ __device__ __forceinline__ void decode_body(DECODE_PARAMS) {
     }
 }
 
-template <typename T, int HEAD_DIM, int WARPS, int STAGES, bool PAGED, bool PAIR = false>
+template <typename T, int HEAD_DIM, int WARPS, int STAGES, bool PAGED, bool PAIR = false, bool WARP_PIPE = false>
 __global__ void __launch_bounds__(WARPS * 32, 1) flash_decode(DECODE_PARAMS) {
-    decode_body<T, HEAD_DIM, WARPS, STAGES, PAGED, PAIR, 1>(DECODE_ARGS);
+    decode_body<T, HEAD_DIM, WARPS, STAGES, PAGED, PAIR, 1, WARP_PIPE>(DECODE_ARGS);
 }
 
-template <typename T, int HEAD_DIM, int WARPS, int STAGES, bool PAGED, bool PAIR, int CLUSTER>
+template <typename T, int HEAD_DIM, int WARPS, int STAGES, bool PAGED, bool PAIR, int CLUSTER, bool WARP_PIPE = false>
 __global__ void __launch_bounds__(WARPS * 32, 1) CLUSTER_OF(CLUSTER) flash_decode_cluster(DECODE_PARAMS) {
-    decode_body<T, HEAD_DIM, WARPS, STAGES, PAGED, PAIR, CLUSTER>(DECODE_ARGS);
+    decode_body<T, HEAD_DIM, WARPS, STAGES, PAGED, PAIR, CLUSTER, WARP_PIPE>(DECODE_ARGS);
 }
 
 // New tokens into the cache: k_new/v_new [batch, seqlen_new, kv_heads, HEAD_DIM] (any strides, head_dim
