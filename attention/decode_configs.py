@@ -4,7 +4,8 @@ number of key splits.
 A ``DecodeConfig`` is one instance of ``flash_decode``: ``warps`` warps, each taking 16 keys of every stage of a
 ``stages``-deep cp.async ring (a stage holds ``16 * warps`` keys of K and of V), one 16-row tile of packed query
 rows. Shared memory: the Q tile plus the ring, 2-byte elements (dynamic), and a paged cache's per-group offsets
-(static); the warps' merge reuses the ring.
+(static); the warps' merge reuses the ring. With ``warp_pipe`` each warp copies its own 16 keys of every stage
+(``use_warp_pipe`` decides where).
 
 ``plan_splits`` cuts each sequence's keys into splits so that the grid (splits x kv heads x row tiles x batch)
 fills the GPU in whole waves, never below one stage of keys per split.

@@ -28,6 +28,12 @@
 // (static) shared memory. The copying threads add a row offset to those: no table read or division by the page
 // size per 16-byte chunk.
 //
+// WARP_PIPE (decode_configs.use_warp_pipe): warp w reads only keys [16 w, 16 w + 16) of each stage, so it may copy
+// just those rows itself: then a stage waits on the warp's own copies and a warp barrier, not on the CTA, and a paged
+// warp holds its group's page ids in its lanes (lane l: stage 32 blk + l of the split, the next block's ids read as
+// the block before starts), broadcast by a shuffle when the stage is copied: no offsets in shared memory and no
+// lookups holding a CTA barrier. Q is still copied by the whole CTA, with one CTA barrier before the loop.
+//
 // Masks, per row: keys j < L_b; causal/window in kv coordinates (query i sits at L_b - seq_q + i):
 // j in [at - window_left, at + window_right] (window_right = 0 under causal; unbounded = a large value).
 //
@@ -205,7 +211,7 @@ __device__ __forceinline__ void decode_body(DECODE_PARAMS) {
     // (one stage at a time, by WARPS lanes every stage, measured 2-5 % slower at B1-B8 L1k and with the 4 x 4
     // ring at B1; docs/perf/attention.md, decode eighth pass).
     constexpr int OFF_RING = 2 * STAGES;
-    __shared__ long long s_off[PAGED ? OFF_RING : 1][PAGED ? 2 * WARPS : 1];
+    __shared__ long long s_off[PAGED && !WARP_PIPE ? OFF_RING : 1][PAGED && !WARP_PIPE ? 2 * WARPS : 1];
     auto load_kv = [&](int stage_idx, int ring, int j0, int bound) {
         if constexpr (WARP_PIPE) {  // this warp's 16 rows: 16 x CHUNKS chunks of K and of V over its 32 lanes
             long long kgrp = 0, vgrp = 0;
