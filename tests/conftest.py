@@ -47,6 +47,12 @@ def decode_timeline_tool():
 
 
 @pytest.fixture(scope="session")
+def decode_ab_tool():
+    """tools/decode_ab.py: parse_case(), parse_variant(), parse_caches(), parse_tables(), page_order()."""
+    return _tool("decode_ab")
+
+
+@pytest.fixture(scope="session")
 def layer_ab_tool():
     """tools/layer_ab.py: parse_variant(), parse_case()."""
     return _tool("layer_ab")

@@ -185,3 +185,56 @@ def test_decode_timeline_probe_compiles_without_spills():
     res = compile.compile_offline(SOURCE, exprs, "sm_90a", options=("-DATTN_DECODE_TIMELINE=64",))
     for expr, r in res.items():
         assert r.spills == 0 and r.stack_bytes == 0, (expr, r)
+
+
+def test_decode_ab_parses_cases_variants_caches_and_tables(decode_ab_tool):
+    """tools/decode_ab.py: suite names or free shapes, variants with the tool's ring / splits items beside module
+    attributes and definitions, caches and page orders; bad forms refused with the option's name."""
+    t = decode_ab_tool
+    c = t.parse_case("b1_L1k_h32-8_d128_q1")
+    assert c == t.parse_case("decode_b1_L1k_h32-8_d128_q1")
+    assert (c["name"], c["suite"], c["batch"], c["length"], c["heads"], c["kv_heads"], c["head_dim"], c["seq_q"]) == (
+        "decode_b1_L1k_h32-8_d128_q1", True, 1, 1024, 32, 8, 128, 1)
+    c = t.parse_case("8:8192:16/4:256:4")
+    assert (c["suite"], c["batch"], c["length"], c["heads"], c["kv_heads"], c["head_dim"], c["seq_q"]) == (
+        False, 8, 8192, 16, 4, 256, 4)
+    for bad in ("b1_L1k", "8:8192:16:256:4"):
+        with pytest.raises(SystemExit, match="--case"):
+            t.parse_case(bad)
+    assert t.parse_variant("w8:ring=8/3,splits=4,attention.decode_configs.WARP_PIPE=True,-DX=1") == (
+        "w8", [("ring", "", (8, 3)), ("splits", "", 4), ("attention.decode_configs", "WARP_PIPE", True),
+               ("define", "-DX=1", None)])
+    assert t.parse_variant("base") == ("base", [])
+    for bad, msg in (("x:ring=8", "ring=WARPS/STAGES"), ("x:splits=0", "splits=N"), ("x:WARP_PIPE=1", "--variant"),
+                     ("x:a.b=notaliteral", "literal")):
+        with pytest.raises(SystemExit, match=msg):
+            t.parse_variant(bad)
+    assert t.parse_caches("contig,p16,p256") == [None, 16, 256]
+    for bad in ("p20", "q16", "p512"):
+        with pytest.raises(SystemExit, match="--cache"):
+            t.parse_caches(bad)
+    assert t.parse_tables("shuffled,inorder,sorted,window:262144") == ["shuffled", "inorder", "sorted",
+                                                                        "window:262144"]
+    with pytest.raises(SystemExit, match="--table"):
+        t.parse_tables("random")
+
+
+def test_decode_ab_page_orders(decode_ab_tool):
+    """tools/decode_ab.py's block tables: every order visits each sequence's own pages once; shuffled is the bench's
+    order (attention.decode_bench._paged's generator), windows shuffle within their span, sorted sorts each split."""
+    t = decode_ab_tool
+    batch, per = 3, 64
+    orders = {name: t.page_order(name, batch, per, 32768, 16, seed=16)
+              for name in ("inorder", "shuffled", "sorted", "window:262144")}
+    for name, order in orders.items():
+        assert order.shape == (batch, per) and order.dtype == np.int32, name
+        for b in range(batch):
+            assert sorted(order[b]) == list(range(b * per, (b + 1) * per)), name
+    rng = np.random.default_rng(16)
+    assert (orders["shuffled"] == np.stack([i * per + rng.permutation(per) for i in range(batch)])).all()
+    assert (orders["inorder"] == np.arange(batch * per).reshape(batch, per)).all()
+    w = orders["window:262144"] - np.arange(batch)[:, None] * per  # windows of 8 pages of 32 KB
+    assert all(sorted(w[b, s:s + 8]) == list(range(s, s + 8)) for b in range(batch) for s in range(0, per, 8))
+    srt = orders["sorted"]
+    assert all((np.diff(srt[b, s:s + 16]) > 0).all() for b in range(batch) for s in range(0, per, 16))
+    assert (np.sort(srt[:, :16], axis=1) == np.sort(orders["shuffled"][:, :16], axis=1)).all()

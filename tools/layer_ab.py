@@ -22,7 +22,6 @@ Needs a GPU and triton. Every attribute is put back at the end.
 from __future__ import annotations
 
 import argparse
-import ast
 import contextlib
 import importlib
 import json
@@ -33,30 +32,26 @@ from pathlib import Path
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+import ab_variants  # noqa: E402
+
+def _tile_item(item: str, target: str, value: str):
+    """``up=BM/PW/KS`` / ``down=BM/PW/KS``: that expert GEMM's skinny tile forced, as ("tile", "up" | "down",
+    (BM, PW, KS))."""
+    if target not in ("up", "down"):
+        return None
+    parts = value.split("/")
+    if len(parts) != 3 or not all(p.isdigit() for p in parts):
+        raise SystemExit(f"--variant: a forced tile is {target}=BLOCK_M/ROWS_PER_WARP/SPLIT_K, got {item!r}")
+    return ("tile", target, tuple(int(p) for p in parts))
+
 
 def parse_variant(text: str) -> tuple[str, list[tuple[str, str, object]]]:
     """``NAME[:module.attr=value,...]`` -> (name, [(module, attr, value)]); ``up=BM/PW/KS`` or ``down=BM/PW/KS``
     forces that expert GEMM's skinny tile (block_m, weight rows per warp, K split) as ("tile", "up" | "down",
-    (BM, PW, KS))."""
-    name, _, body = text.partition(":")
-    sets = []
-    for item in filter(None, body.split(",")):
-        if item.startswith("-D"):  # a preprocessor definition for the MoE kernels' builds
-            sets.append(("define", item.strip(), None))
-            continue
-        target, eq, value = (part.strip() for part in item.partition("="))
-        if eq and target in ("up", "down"):
-            parts = value.split("/")
-            if len(parts) != 3 or not all(p.isdigit() for p in parts):
-                raise SystemExit(f"--variant {text!r}: a forced tile is {target}=BLOCK_M/ROWS_PER_WARP/SPLIT_K, "
-                                 f"got {item!r}")
-            sets.append(("tile", target, tuple(int(p) for p in parts)))
-            continue
-        module, dot, attr = target.rpartition(".")
-        if not (eq and dot and module and attr):
-            raise SystemExit(f"--variant {text!r}: expected NAME[:module.attr=value,...], got {item!r}")
-        sets.append((module, attr, ast.literal_eval(value)))
-    return name, sets
+    (BM, PW, KS)); ``-DMACRO=V`` as ("define", "-DMACRO=V", None) (tools/ab_variants.py)."""
+    return ab_variants.parse_variant(text, _tile_item)
 
 
 def skinny_tile(spec: tuple[int, int, int]):
@@ -104,21 +99,16 @@ def main(argv=None) -> int:
     layer_mod = importlib.import_module("moe.layer")
     plan_cache = importlib.import_module("moe.launch")._plan
     gemm_configs = importlib.import_module("moe.gemm_configs")
-    saved = {(m, a): getattr(importlib.import_module(m), a) for sets in variants.values() for m, a, _ in sets
-             if m not in ("tile", "define")}
+    attrs = ab_variants.Attributes(variants, kinds=("tile", "define"))
     forced = {name: {kind: skinny_tile(spec) for m, kind, spec in sets if m == "tile"}
               for name, sets in variants.items()}
-    defines = {name: tuple(a for m, a, _ in sets if m == "define") for name, sets in variants.items()}
+    defines = {name: ab_variants.defines(sets) for name, sets in variants.items()}
     moe_launch = importlib.import_module("moe.launch")
     tiles = contextlib.ExitStack()  # the current variant's forced tiles and kernel definitions
 
     def configure(name):
         tiles.close()
-        for (m, a), v in saved.items():  # back to the tree's values, then this variant's
-            setattr(importlib.import_module(m), a, v)
-        for m, a, v in variants[name]:
-            if m not in ("tile", "define"):
-                setattr(importlib.import_module(m), a, v)
+        attrs.apply(variants[name])  # back to the tree's values, then this variant's
         if forced[name]:
             tiles.enter_context(gemm_configs.expert_gemms_planned_as(**forced[name]))
         if defines[name]:
@@ -172,8 +162,7 @@ def main(argv=None) -> int:
             print(json.dumps(row), flush=True)
     finally:  # the tree's values and planner back, and no plan made under a variant left in the caches
         tiles.close()
-        for (m, a), v in saved.items():
-            setattr(importlib.import_module(m), a, v)
+        attrs.restore()
         plan_cache.cache_clear()
         layer_mod._LAYER.clear()
     if args.json:

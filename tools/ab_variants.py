@@ -1,0 +1,63 @@
+"""What the A/B tools (tools/layer_ab.py, tools/decode_ab.py) share: a variant is ``NAME[:item,item,...]`` where an
+item is ``module.attr=value`` (a Python literal set on that module attribute for the variant), ``-DMACRO=V`` (the
+variant's kernels built with that preprocessor definition) or a tool's own ``key=value`` forcing; ``Attributes``
+sets a variant's attributes and puts the tree's values back."""
+from __future__ import annotations
+
+import ast
+import importlib
+from typing import Callable
+
+
+def parse_variant(text: str, special: Callable[[str, str, str], tuple | None] | None = None
+                  ) -> tuple[str, list[tuple[str, str, object]]]:
+    """``NAME[:item,...]`` -> (name, [(module, attr, value) | ("define", "-DMACRO=V", None) | special's tuple]).
+    ``special(item, key, value)`` claims a tool's own ``key=value`` items (returning its tuple) or passes (None);
+    anything else must be ``module.attr=literal``."""
+    name, _, body = text.partition(":")
+    sets = []
+    for item in filter(None, body.split(",")):
+        item = item.strip()
+        if item.startswith("-D"):  # a preprocessor definition for the variant's kernel builds
+            sets.append(("define", item, None))
+            continue
+        target, eq, value = (part.strip() for part in item.partition("="))
+        claimed = special(item, target, value) if special is not None and eq else None
+        if claimed is not None:
+            sets.append(claimed)
+            continue
+        module, dot, attr = target.rpartition(".")
+        if not (eq and dot and module and attr):
+            raise SystemExit(f"--variant {text!r}: expected NAME[:module.attr=value,...], got {item!r}")
+        try:
+            literal = ast.literal_eval(value)
+        except (ValueError, SyntaxError):
+            raise SystemExit(f"--variant {text!r}: {value!r} is not a Python literal") from None
+        sets.append((module, attr, literal))
+    return name, sets
+
+
+def defines(sets) -> tuple[str, ...]:
+    """A variant's ``-DMACRO=V`` items."""
+    return tuple(a for m, a, _ in sets if m == "define")
+
+
+class Attributes:
+    """The module attributes any variant sets: ``apply(sets)`` puts every one back to the tree's value, then sets
+    this variant's; ``restore()`` puts them all back. ``kinds``: the tuples' first fields that are not modules
+    (``define`` and the tool's own)."""
+
+    def __init__(self, variants: dict, kinds: tuple[str, ...] = ("define",)):
+        self.kinds = kinds
+        self.saved = {(m, a): getattr(importlib.import_module(m), a) for sets in variants.values()
+                      for m, a, _ in sets if m not in kinds}
+
+    def restore(self) -> None:
+        for (m, a), v in self.saved.items():
+            setattr(importlib.import_module(m), a, v)
+
+    def apply(self, sets) -> None:
+        self.restore()
+        for m, a, v in sets:
+            if m not in self.kinds:
+                setattr(importlib.import_module(m), a, v)
