@@ -193,15 +193,17 @@ class DecodeCall:
                     (P(9), P(10), P(1), P(2), P(7), P(8), *sn["k"], *sn["v"], *st["k"], *st["v"],
                      np.int32(max_pages), np.int32(page), np.int32(num_pages), np.int32(problem.max_keys)))
 
-    def __call__(self, ptrs: list, check_values, cache_seqlens, block_table):
+    def __call__(self, ptrs: list, check_values, cache_seqlens, block_table, want_lse: bool = True):
         if launch.current_device() != self.device:
-            return launch.on_device(self.device, self, ptrs, check_values, cache_seqlens, block_table)
+            return launch.on_device(self.device, self, ptrs, check_values, cache_seqlens, block_table, want_lse)
         if check_values:
             _check_values(cache_seqlens, block_table, self.seqlen_new, self.capacity, self.num_pages, self.page)
         f = self.frame
         stream = f.stream()
         o, ptrs[3] = f.empty(self.o_shape, self.dtype)
-        lse, ptrs[4] = f.empty(self.lse_shape, "fp32")
+        lse = None  # not asked for: the kernel writes none (a null pointer), and no buffer is made
+        if want_lse:
+            lse, ptrs[4] = f.empty(self.lse_shape, "fp32")
         ws = None
         if self.parts:
             ws, base = f.workspace(stream, self.ws_bytes)
@@ -256,7 +258,7 @@ def flash_attention_with_kvcache(q, k_cache, v_cache, *, cache_seqlens, block_ta
     ptrs = [vq[1], vkc[1], vvc[1], 0, 0, 0, 0, vlen[1], 0 if vtab is None else vtab[1], pk, pv, 0]
     if (vq[1] | vkc[1] | vvc[1] | pk | pv) & 15:
         launch.check_aligned(("q", "k_cache", "v_cache", "k", "v"), (vq[1], vkc[1], vvc[1], pk, pv))
-    o, lse = call(ptrs, check_values, cache_seqlens, block_table)
+    o, lse = call(ptrs, check_values, cache_seqlens, block_table, bool(return_lse))
     return (o, lse) if return_lse else o
 
 

@@ -117,6 +117,22 @@ def test_both_copy_pipelines(pipe, dim, page, seq_q, splits, window, monkeypatch
         kvcache._CACHE.clear()
 
 
+@pytest.mark.parametrize("splits,page", [(1, None), (3, 16), (4, None)])  # 4: one cluster on sm_90
+def test_without_lse_the_output_is_the_same(splits, page):
+    """return_lse=False passes the kernel no LSE buffer (nothing is written, none is allocated): the output is
+    bitwise that of the call that returns the LSE, with one split, splits merged in global memory and a cluster."""
+    import cupy
+
+    from attention import flash_attention_with_kvcache
+
+    q, kc, vc, lens, table, _, _ = _case(3, 2, 8, 2, 128, [0, 300, 1000], page=page, max_seq=1024, seed=splits)
+    o1, lse = flash_attention_with_kvcache(q, kc, vc, cache_seqlens=lens, block_table=table, num_splits=splits,
+                                           return_lse=True)
+    o2 = flash_attention_with_kvcache(q, kc, vc, cache_seqlens=lens, block_table=table, num_splits=splits)
+    cupy.cuda.Device().synchronize()
+    assert lse.shape == (3, 8, 2) and bool((o1 == o2).all())
+
+
 @pytest.mark.parametrize("seq_q,causal", [(1, False), (4, True), (4, False), (7, True)])
 def test_gqa_packing_and_causal_bottom_right(seq_q, causal):
     # 32 query heads over 8 KV heads: 4 x seq_q packed rows per KV head (more than 16 rows: several row tiles)

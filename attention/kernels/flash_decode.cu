@@ -1,5 +1,7 @@
 // Attention over a KV cache (decode, speculative decoding, chunked prefill): split-KV on mma.sync, sm_80+.
 //
+// lse may be null (the caller asked for no LSE): nothing is written there.
+//
 // Layout: q [batch, seq_q, heads, HEAD_DIM] (any strides on the first three dimensions, multiples of 8
 // elements); the cache either contiguous, k/v [batch, max_seq, kv_heads, HEAD_DIM] (s_b = batch stride), or
 // paged, k/v [num_pages, page, kv_heads, HEAD_DIM] with block_table int32 [batch, max_pages] (s_b = page stride):
@@ -489,7 +491,7 @@ __device__ __forceinline__ void decode_body(DECODE_PARAMS) {
             T* dst = o + (((long long)b * seq_q + qi) * heads + head) * OUT_DIM + oc;
             *reinterpret_cast<uint2*>(dst) = make_uint2(pack2<T>(acc[0] * inv, acc[1] * inv),
                                                         pack2<T>(acc[2] * inv, acc[3] * inv));
-            if (oc == 0) lse[((long long)b * heads + head) * seq_q + qi] = row_lse;
+            if (oc == 0 && lse != nullptr) lse[((long long)b * heads + head) * seq_q + qi] = row_lse;
         } else {
             const long long row = (((long long)split * gridDim.z + b) * seq_q + qi) * heads + head;
             *reinterpret_cast<float4*>(o_part + row * HEAD_DIM + c) =
@@ -534,7 +536,8 @@ __device__ __forceinline__ void decode_body(DECODE_PARAMS) {
             T* dst = o + (((long long)b * seq_q + qi) * heads + head) * OUT_DIM + oc;
             *reinterpret_cast<uint2*>(dst) = make_uint2(pack2<T>(acc[0] * inv, acc[1] * inv),
                                                         pack2<T>(acc[2] * inv, acc[3] * inv));
-            if (oc == 0) lse[((long long)b * heads + head) * seq_q + qi] = l > 0.f ? m + logf(l) : neg_inf();
+            if (oc == 0 && lse != nullptr)
+                lse[((long long)b * heads + head) * seq_q + qi] = l > 0.f ? m + logf(l) : neg_inf();
         }
         tma::cluster_sync();  // no CTA leaves while another still reads its shared memory
         ADT_STAMP(6, ADT_CLOCK());
@@ -597,7 +600,7 @@ __device__ __forceinline__ void decode_body(DECODE_PARAMS) {
         const float inv = l > 0.f ? 1.f / l : 0.f;
         for (int sp = lane; sp < n_splits; sp += 32) w_row[sp] *= inv;
         const int gr = r0 + r;
-        if (lane == 0)
+        if (lane == 0 && lse != nullptr)
             lse[((long long)b * heads + kvh * kv_group + gr % kv_group) * seq_q + gr / kv_group] =
                 l > 0.f ? m + logf(l) : neg_inf();
     }
