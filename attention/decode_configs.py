@@ -157,11 +157,12 @@ WARP_PIPE: bool | None = None
 WARP_PIPE_MAX_SPLIT_KEYS = 1024
 
 
-def use_warp_pipe(problem: DecodeProblem, split_keys: int) -> bool:
+def use_warp_pipe(problem: DecodeProblem, split_keys: int, spec: DeviceSpec) -> bool:
     """Whether each warp copies only its own 16 keys of every stage (flash_decode's WARP_PIPE: a warp barrier per
     stage, a paged cache's page ids in the warp's lanes) instead of the CTA copying each stage together (a CTA
-    barrier per stage, page offsets looked up a block of stages at a time into shared memory): for a paged cache,
-    or head dim 256, where a CTA streams at most ``WARP_PIPE_MAX_SPLIT_KEYS`` keys. Measured on an H100
+    barrier per stage, page offsets looked up a block of stages at a time into shared memory): on sm_90 (where it
+    was measured), for a paged cache or head dim 256 where a CTA streams at most ``WARP_PIPE_MAX_SPLIT_KEYS`` keys.
+    Measured on an H100
     (2026-11-27, stop 65, held, 5 rotated rounds, one process per head dim; docs/results/h100/stop65/warp_pipe/),
     pipe / CTA copies: pages of 16 at B1 L1k 0.94-0.97 (32/8, 32/32 q1 / q4, 16/16 d64), B1 L8k d64 (1,024 keys a
     CTA) 0.98-0.99, B8 L1k 0.98-0.99, head dim 256 B1 L8k 0.85 (0.95 contiguous), B8 / B64 L1k d256 0.98-0.99;
@@ -170,7 +171,8 @@ def use_warp_pipe(problem: DecodeProblem, split_keys: int) -> bool:
     (B1 L1k 32/32 1.03-1.04)."""
     if WARP_PIPE is not None:
         return WARP_PIPE
-    return (problem.paged or problem.head_dim == 256) and split_keys <= WARP_PIPE_MAX_SPLIT_KEYS
+    return (spec.compute_capability >= (9, 0) and (problem.paged or problem.head_dim == 256)
+            and split_keys <= WARP_PIPE_MAX_SPLIT_KEYS)
 
 
 def plan_decode(problem: DecodeProblem, spec: DeviceSpec) -> tiling.Plan:
@@ -259,7 +261,7 @@ def plan_call(problem: DecodeProblem, spec: DeviceSpec, *, heads_adjacent: bool 
     keys = plan.config.keys_per_stage
     split_keys = -(-(-(-kp.max_keys // splits)) // keys) * keys
     splits = min(splits, -(-kp.max_keys // split_keys))
-    if use_warp_pipe(kp, split_keys):  # the same ring and splits, each warp copying its own keys
+    if use_warp_pipe(kp, split_keys, spec):  # the same ring and splits, each warp copying its own keys
         plan = dataclasses.replace(plan, config=dataclasses.replace(plan.config, warp_pipe=True),
                                    reason=plan.reason + "; each warp copies its own keys")
     clustered = (spec.compute_capability >= (9, 0) and splits in CLUSTER_SPLITS

@@ -238,3 +238,32 @@ def test_decode_ab_page_orders(decode_ab_tool):
     srt = orders["sorted"]
     assert all((np.diff(srt[b, s:s + 16]) > 0).all() for b in range(batch) for s in range(0, per, 16))
     assert (np.sort(srt[:, :16], axis=1) == np.sort(orders["shuffled"][:, :16], axis=1)).all()
+
+
+def test_warp_pipe_rule():
+    """decode_configs.use_warp_pipe: sm_90 paged caches (and head dim 256) whose splits hold at most 1,024 keys copy
+    by warp; longer splits, contiguous head dims 64 / 128 and other archs copy by CTA; WARP_PIPE forces either."""
+    from attention import decode_configs as dc
+
+    h100, a100 = device.profile("h100_sxm"), device.profile("a100_80gb")
+
+    def planned(batch, length, heads, kv_heads, dim, paged, spec):
+        p = DecodeProblem(batch=batch, seq_q=1, heads=heads, kv_heads=kv_heads, head_dim=dim, max_keys=length,
+                          dtype="bf16", paged=paged)
+        plan = dc.plan_call(p, spec, heads_adjacent=False)
+        assert plan.config.name_expression(dtype=np.uint16, paged=paged).endswith(",true>") == plan.config.warp_pipe
+        return plan.config.warp_pipe
+
+    assert planned(1, 1024, 32, 8, 128, True, h100) and planned(8, 1024, 16, 16, 64, True, h100)
+    assert planned(1, 8192, 16, 16, 256, False, h100) and planned(1, 8192, 16, 16, 64, True, h100)
+    assert not planned(1, 1024, 32, 8, 128, False, h100)  # contiguous d128
+    assert not planned(1, 32768, 16, 16, 64, True, h100)  # 4,096 keys a split
+    assert not planned(1, 1024, 32, 8, 128, True, a100)  # not measured there
+    orig = dc.WARP_PIPE
+    try:
+        dc.WARP_PIPE = True
+        assert planned(1, 32768, 16, 16, 64, False, a100)
+        dc.WARP_PIPE = False
+        assert not planned(1, 1024, 32, 8, 128, True, h100)
+    finally:
+        dc.WARP_PIPE = orig
