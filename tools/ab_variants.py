@@ -61,3 +61,10 @@ class Attributes:
         for m, a, v in sets:
             if m not in self.kinds:
                 setattr(importlib.import_module(m), a, v)
+
+
+def rotated(names: list, r: int) -> list:
+    """Round ``r``'s order of the variants: the list rotated by ``r``, so no variant always runs first or after the
+    same one."""
+    k = r % len(names)
+    return names[k:] + names[:k]

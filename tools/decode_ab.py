@@ -141,8 +141,13 @@ def main(argv=None) -> int:
     import cupy
 
     from attention import decode_bench, decode_configs, kvcache
-    from cukernels import bench, compile as ccompile, device, dtypes, timing
+    from cukernels import compile as ccompile, device, dtypes, timing
 
+    suite_cases = {case.name: case for case in decode_bench.cases("decode", argparse.Namespace(dtype="bf16"))}
+    unknown = [c["name"] for c in cases if c["suite"] and c["name"] not in suite_cases]
+    if unknown:
+        raise SystemExit(f"--case: not in the decode suite: {', '.join(unknown)} (BATCH:LENGTH:HEADS/KV_HEADS:"
+                         f"HEAD_DIM:SEQ_Q runs any shape)")
     attrs = ab_variants.Attributes(variants, kinds=("define", "ring", "splits"))
     builds = contextlib.ExitStack()
     space = decode_configs.search_space
@@ -160,17 +165,12 @@ def main(argv=None) -> int:
         kvcache._CACHE.clear()
         return next((v for m, _, v in variants[name] if m == "splits"), None)
 
-    def f32(a):
-        return dtypes.to_float32(a)
-
     print(cupy.cuda.runtime.getDeviceProperties(0)["name"].decode(), flush=True)
     rows, names = [], list(variants)
     try:
         for c in cases:
-            if c["suite"]:
-                case = bench.Case(name=c["name"], tags=("decode",), dtype="bf16",
-                                  params={k: c[k] for k in ("batch", "length", "heads", "kv_heads", "head_dim",
-                                                            "seq_q")})
+            if c["suite"]:  # the suite's own case (its registry) and inputs
+                case = suite_cases[c["name"]]
                 inputs = decode_bench.make_inputs(case, 0)
                 if inputs is None:
                     print(f"{c['name']}: does not fit this device, skipped", flush=True)
@@ -214,10 +214,11 @@ def main(argv=None) -> int:
                             0 if tab is None else tab.data.ptr, 0, 0, 0]
                     calls[key] = (lambda c_=call, b_=base, t_=tab: c_(list(b_), False, lens, t_))
             ref_key = f"{layouts[0][0]}/{names[0]}"
-            ref = f32(outs[ref_key])
+            ref = dtypes.to_float32(outs[ref_key])
             keys = list(calls)
             row = {"case": c["name"], "plans": plans,
-                   "max_abs_diff_vs_" + ref_key: {kk_: float(cupy.abs(f32(o) - ref).max()) for kk_, o in outs.items()},
+                   "max_abs_diff_vs_" + ref_key: {kk_: float(cupy.abs(dtypes.to_float32(o) - ref).max())
+                                                  for kk_, o in outs.items()},
                    "bitwise_vs_reference_variant": {kk_: bool((o == outs[f"{kk_.rsplit('/', 1)[0]}/{names[0]}"]).all())
                                                     for kk_, o in outs.items()},
                    "held_us": {kk_: [] for kk_ in keys}}
@@ -226,7 +227,7 @@ def main(argv=None) -> int:
 
                 row["do_bench_us"] = {kk_: [] for kk_ in keys}
             for r in range(args.rounds):
-                for kk_ in keys[r % len(keys):] + keys[:r % len(keys)]:
+                for kk_ in ab_variants.rotated(keys, r):
                     fn = calls[kk_]
                     row["held_us"][kk_].append(round(timing.benchmark(fn, budget_ms=args.budget_ms).median_ms * 1e3, 3))
                     if args.do_bench:

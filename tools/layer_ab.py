@@ -145,7 +145,7 @@ def main(argv=None) -> int:
                    "same_over_calls": {n: bool((o[0] == o[1]).all()) for n, o in outs.items()},
                    "do_bench_us": {n: [] for n in names}, "held_us": {n: [] for n in names}}
             for r in range(args.rounds):
-                for name in names[r % len(names):] + names[:r % len(names)]:
+                for name in ab_variants.rotated(names, r):
                     time.sleep(0.3)
                     fn = calls[name]
                     row["do_bench_us"][name].append(round(triton.testing.do_bench(fn, warmup=25, rep=150) * 1e3, 2))

@@ -219,7 +219,7 @@ __device__ __forceinline__ void decode_body(DECODE_PARAMS) {
             long long kgrp = 0, vgrp = 0;
             const int jg = j0 + warp * 16;  // the group's first key
             if constexpr (PAGED) {
-                if ((stage_idx >> 5) != w_blk) {  // entering the next block of 32 stages
+                if ((stage_idx >> 5) != w_blk) {  // entering the next block of 32 stages (stage_idx % 32 == 0 here)
                     w_ids = w_ids_next;
                     w_blk = stage_idx >> 5;
                     w_ids_next = page_at(jg + (32 - (stage_idx & 31)) * KEYS + lane * KEYS, capacity);
