@@ -1125,9 +1125,27 @@ moe_splitk_reduce(const float* __restrict__ partial, T* __restrict__ out, const 
 // previous grid finishes instead of after it. Everything else (offsets, a, a_index, row_scale) is read after it.
 constexpr int SKINNY_MAX_GROUPS = 512;  // = configs.MAX_EXPERTS: the list of non-empty groups in shared memory
 
+// The weight loads ask L2 to fetch 256 bytes from DRAM on a miss (`.L2::256B`): a warp's load reads 64 bytes of
+// each of 8 or 16 weight rows and its next chunks read the next 64-byte pieces of the same rows, so without the hint
+// each row's 128-byte lines reach DRAM in pieces (H100: decode layers 1-4 % faster, outputs bitwise equal;
+// docs/perf/grouped_gemm.md, v4.11). SKINNY_L2_PREFETCH (0 / 64 / 128 / 256) sets it for A/B builds.
+#ifndef SKINNY_L2_PREFETCH
+#define SKINNY_L2_PREFETCH 256
+#endif
+#if SKINNY_L2_PREFETCH == 256
+#define SKINNY_LD_HINT ".L2::256B"
+#elif SKINNY_L2_PREFETCH == 128
+#define SKINNY_LD_HINT ".L2::128B"
+#elif SKINNY_L2_PREFETCH == 64
+#define SKINNY_LD_HINT ".L2::64B"
+#elif SKINNY_L2_PREFETCH == 0
+#define SKINNY_LD_HINT ""
+#else
+#error "SKINNY_L2_PREFETCH: 0, 64, 128 or 256"
+#endif
 __device__ __forceinline__ uint4 ld_stream_16(const void* p) {  // read once: no L1 allocation
     uint4 v;
-    asm("ld.global.nc.L1::no_allocate.v4.u32 {%0, %1, %2, %3}, [%4];\n"
+    asm("ld.global.nc.L1::no_allocate" SKINNY_LD_HINT ".v4.u32 {%0, %1, %2, %3}, [%4];\n"
         : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w) : "l"(p));
     return v;
 }
