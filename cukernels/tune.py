@@ -31,6 +31,7 @@ import warnings
 from pathlib import Path
 from typing import Any, Callable, Sequence
 
+from . import bench as _bench
 from . import device as _device
 from . import tiling
 
@@ -641,10 +642,10 @@ def run_cli(ob, argv: Sequence[str] | None, tunables: Callable) -> int:
     op = ob.op(args)
     results: list[TuneResult] = []
     stored: dict = {}  # cache keys tuned in this run: a repeat is reported as "same key", not "cached"
-    for i, case in enumerate(cases):
+    for case in cases:
         results += tune_case(op, case, tunables(case, spec, args), cache, sweep=args.sweep, retune=args.retune,
-                             seed=args.seed + i, budget_ms=args.tune_budget_ms, max_configs=args.max_configs,
-                             stored=stored)
+                             seed=_bench.case_seed(case, args.seed), budget_ms=args.tune_budget_ms,
+                             max_configs=args.max_configs, stored=stored)
     forget_plans()
     mode = "sweep" if args.sweep else "tune"
     print(f"{ob.prog} --{mode}: suite {args.suite}, {args.dtype}, {spec.name}, driver {cache.driver}; "

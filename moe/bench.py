@@ -555,10 +555,10 @@ def utilisation(results, args) -> str:
     if args.case:
         cases = [c for c in cases if any(s in c.name for s in args.case)]
     rows = []
-    for i, case in enumerate(cases):
+    for case in cases:
         if case.params["kind"] != "route+permute":
             continue
-        logits = make_inputs(case, args.seed + i).logits
+        logits = make_inputs(case, bench.case_seed(case, args.seed)).logits
         stats = routing.route(logits, case.params["top_k"]).stats()
         ref = reference.route(logits, case.params["top_k"])
         rows.append({"case": case.name, "aux_loss": f"{stats['aux_loss']:.5f}", "ref aux_loss": f"{ref.aux_loss:.5f}",
@@ -658,7 +658,7 @@ def decode_table(results, args) -> str:
         cases = [c for c in cases if any(s in c.name for s in args.case)]
     by = {(r.case, r.impl): r for r in results if r.ok}
     rows, copy = [], None
-    for i, case in enumerate(cases):
+    for case in cases:
         ours = by.get((case.name, "ours"))
         if "decode" not in case.tags or ours is None:
             continue
@@ -666,7 +666,7 @@ def decode_table(results, args) -> str:
             from cukernels import bandwidth
 
             copy = bandwidth.measure_copy().tb_per_s * 1e3
-        touched, nbytes = touched_bytes(make_inputs(case, args.seed + i), case.params["top_k"])
+        touched, nbytes = touched_bytes(make_inputs(case, bench.case_seed(case, args.seed)), case.params["top_k"])
         # the torch layers synchronise, so the case is timed with host time; our own call is held apart from it
         device_ms = ours.held_ms or ours.median_ms
         row = {"case": case.name, "touched experts": f"{touched}/{case.params['experts']}",

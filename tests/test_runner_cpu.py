@@ -155,7 +155,7 @@ def test_unsettled_rows_are_timed_in_rounds_spread_over_the_run(monkeypatch):
     # a host-time row whose own call can be held is also timed held, once; the synchronising baseline is not
     assert held == [(c, i, bench._HELD_MS_BUDGET) for c in ("h1", "h2") for i in names if i != "torch"]
     assert all((r.held_ms == 0.5) == (r.case != "dev" and r.impl != "torch") for r in results)
-    assert {p[2] for p in prepared if p[0] == "h2"} == {2}  # later rounds start from the case's own seed
+    assert {p[2] for p in prepared if p[0] == "h2"} == {bench.case_seed("h2")}  # later rounds: the case's own seed
 
     by = {(r.case, r.impl): r for r in results}
     dev, host, jittery = by["dev", "ours"], by["h1", "ours"], by["dev", "jittery"]
@@ -172,6 +172,34 @@ def test_unsettled_rows_are_timed_in_rounds_spread_over_the_run(monkeypatch):
     # what a user gets is taken once per row, after its first round
     assert (dev.as_called_ms, dev.host_us, dev.host_us_held) == (2.0, 20.0, True)
     assert by["h1", "torch"].host_us_held is False and flaky.as_called_ms == 2.0
+
+
+def test_a_case_gets_the_same_inputs_alone_or_among_others(monkeypatch):
+    """bench.run seeds a case's inputs from its name (bench.case_seed), not from its place in the run, so a `--case`
+    filter, a tool timing one case and a table made from the inputs after the run all see the suite's inputs."""
+    from cukernels import timing
+
+    _stub_gpu(monkeypatch, lambda fn, *, hold, budget_ms, min_samples, rel_noise_target: timing.summarize(
+        [1.0] * min_samples, converged=True, clocks={"held": hold}))
+    seen = []
+
+    def prepare(case, inputs):
+        seen.append((case.name, inputs))
+
+        def fn():
+            return "ok"
+        fn.case, fn.impl, fn.syncs = case.name, "ours", False
+        return fn
+
+    impls = [bench.Impl(name="ours", prepare=prepare)]
+    cases = [bench.Case(name=n, params={}) for n in ("decode_a", "decode_b", "decode_c")]
+    bench.run(_op_checking_ok(), cases, impls, budget_ms=30, rounds=1, progress=None, seed=7)
+    together = dict(seen)
+    seen.clear()
+    bench.run(_op_checking_ok(), cases[2:], impls, budget_ms=30, rounds=1, progress=None, seed=7)
+    assert dict(seen)["decode_c"] == together["decode_c"] == bench.case_seed(cases[2], 7)
+    assert len(set(together.values())) == 3  # different cases, different inputs
+    assert bench.case_seed("decode_c", 7) == bench.case_seed(cases[2]) + 7 and 7 <= together["decode_c"] < 10**6 + 7
 
 
 def test_interleave_times_a_device_time_case_in_rotated_turns(monkeypatch):

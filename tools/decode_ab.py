@@ -141,7 +141,7 @@ def main(argv=None) -> int:
     import cupy
 
     from attention import decode_bench, decode_configs, kvcache
-    from cukernels import compile as ccompile, device, dtypes, timing
+    from cukernels import bench, compile as ccompile, device, dtypes, timing
 
     suite_cases = {case.name: case for case in decode_bench.cases("decode", argparse.Namespace(dtype="bf16"))}
     unknown = [c["name"] for c in cases if c["suite"] and c["name"] not in suite_cases]
@@ -171,7 +171,7 @@ def main(argv=None) -> int:
         for c in cases:
             if c["suite"]:  # the suite's own case (its registry) and inputs
                 case = suite_cases[c["name"]]
-                inputs = decode_bench.make_inputs(case, 0)
+                inputs = decode_bench.make_inputs(case, bench.case_seed(case))
                 if inputs is None:
                     print(f"{c['name']}: does not fit this device, skipped", flush=True)
                     continue

@@ -62,7 +62,7 @@ def main(argv=None) -> int:
         return cli.no_gpu("python tools/decode_timeline.py", "It stamps a kernel on a GPU; there is nothing to do here.")
     import cupy
 
-    from cukernels import timing
+    from cukernels import bench, timing
     from moe import bench as moe_bench
     from moe import suites
 
@@ -75,7 +75,7 @@ def main(argv=None) -> int:
     results = []
     for case_name in (parse_case(c) for c in args.case):
         (case,) = moe_bench.cases_for([suites.shape(case_name)], "bf16")
-        inputs = moe_bench.make_inputs(case, 0)
+        inputs = moe_bench.make_inputs(case, bench.case_seed(case))
         layer, x = inputs.layer, inputs.x
         layer_mod._LAYER.clear()
         ref = layer(x)
