@@ -68,7 +68,7 @@ def skinny_tile(spec: tuple[int, int, int]):
 
 def parse_case(text: str) -> str:
     """A case of ``moe.bench --suite decode``: its shape name (``decode_seed004_T4``) or ``SHAPE:TOKENS``
-    (``seed004:4``)."""
+    (``seed004:4``); or any MoE shape of ``moe.suites`` (``seed004_b16x2048``: its layer case)."""
     from moe import suites
 
     shape, colon, tokens = text.partition(":")
@@ -125,7 +125,7 @@ def main(argv=None) -> int:
     rows, names = [], list(variants)
     try:
         for case_name in cases:  # the decode suite's weights and tokens (moe.bench.make_inputs)
-            (case,) = moe_bench.cases_for([suites.shape(case_name)], "bf16")
+            case = next(c for c in moe_bench.cases_for([suites.shape(case_name)], "bf16") if c.params["kind"] == "layer")
             inputs = moe_bench.make_inputs(case, bench.case_seed(case))
             layer, x, top_k = inputs.layer, inputs.x, case.params["top_k"]
             tensors = (x, layer.router_b, layer.w_gate_up, layer.w_down)
