@@ -41,7 +41,10 @@ def kernels_built_with(options: tuple[str, ...], name_part: str = ""):
     """``cukernels.compile.kernels_built_with`` (the kernels whose name expression contains ``name_part`` built
     with the extra compile ``options``; tools/layer_ab.py, tools/decode_timeline.py), with the package's plan cache
     cleared on entry and exit; yields the list of the kernels so built. Calls an op cached meanwhile keep the
-    kernels they were made with (the caller clears the op caches)."""
+    kernels they were made with (the caller clears the op caches). The op caches are keyed by the arrays' shapes,
+    not their pointers: a ``grouped_gemm`` call cached before the block serves same-shaped arrays inside it, and one
+    built inside serves them after it. An A/B clears ``moe.grouped_gemm._GEMM`` (or ``moe.layer._LAYER``) before
+    each variant's block and keeps the call object built there (docs/results/h100/stop66/zero_rows/zero_ab2.py)."""
     _plan.cache_clear()
     try:
         with _compile.kernels_built_with(options, name_part) as built:
