@@ -1,8 +1,10 @@
-"""A/B of MoE layer variants set by module attributes (planner knobs, kernel flags), on the decode suite's shapes.
+"""A/B of MoE layer variants set by module attributes (planner knobs, kernel flags), on the decode suite's shapes
+(or any MoE shape's layer case, e.g. seed 004's batches).
 
     python tools/layer_ab.py --case seed004:4 --case E64top8:1 \\
         --variant base --variant cap1m:moe.gemm_configs.SKINNY_MAX_ITEM_BYTES=1048576 [--rounds 5] [--json PATH]
     python tools/layer_ab.py --case E64top8:1 --variant base --variant up64:up=8/16/2,down=8/16/8
+    python tools/layer_ab.py --case seed004_b16x2048 --variant tree --variant combine:moe.grouped_gemm.TMA_SCATTER=False
 
 A variant is ``NAME[:module.attr=value[,module.attr=value...]]`` (values are Python literals; the first variant is
 the reference, usually the tree's plan with no assignment); ``up=BM/PW/KS`` / ``down=BM/PW/KS`` force the expert
