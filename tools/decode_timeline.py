@@ -62,20 +62,17 @@ def main(argv=None) -> int:
         return cli.no_gpu("python tools/decode_timeline.py", "It stamps a kernel on a GPU; there is nothing to do here.")
     import cupy
 
-    from cukernels import bench, timing
-    from moe import bench as moe_bench
-    from moe import suites
+    from cukernels import timing
 
     sys.path.insert(0, str(Path(__file__).resolve().parent))
-    from layer_ab import parse_case
+    from layer_ab import layer_case, parse_case
 
     ml = importlib.import_module("moe.launch")
     layer_mod = importlib.import_module("moe.layer")
 
     results = []
     for case_name in (parse_case(c) for c in args.case):
-        (case,) = moe_bench.cases_for([suites.shape(case_name)], "bf16")
-        inputs = moe_bench.make_inputs(case, bench.case_seed(case))
+        case, inputs = layer_case(case_name)
         layer, x = inputs.layer, inputs.x
         layer_mod._LAYER.clear()
         ref = layer(x)

@@ -68,6 +68,17 @@ def skinny_tile(spec: tuple[int, int, int]):
     raise SystemExit(f"no skinny tile {spec} (block_m 8 or 16, 16 or 32 rows per warp, split 1, 2, 4 or 8)")
 
 
+def layer_case(name: str):
+    """(case, inputs) of a shape's layer case as the MoE bench makes them: its ``layer`` case and the inputs the suite
+    draws for it (``moe.bench.make_inputs`` with ``cukernels.bench.case_seed``), so a tool times the suite's tokens."""
+    from cukernels import bench
+    from moe import bench as moe_bench
+    from moe import suites
+
+    case = next(c for c in moe_bench.cases_for([suites.shape(name)], "bf16") if c.params["kind"] == "layer")
+    return case, moe_bench.make_inputs(case, bench.case_seed(case))
+
+
 def parse_case(text: str) -> str:
     """A case of ``moe.bench --suite decode``: its shape name (``decode_seed004_T4``) or ``SHAPE:TOKENS``
     (``seed004:4``); or any MoE shape of ``moe.suites`` (``seed004_b16x2048``: its layer case)."""
@@ -96,9 +107,7 @@ def main(argv=None) -> int:
     import cupy
     import triton
 
-    from cukernels import bench, timing
-    from moe import bench as moe_bench
-    from moe import suites
+    from cukernels import timing
 
     layer_mod = importlib.import_module("moe.layer")
     plan_cache = importlib.import_module("moe.launch")._plan
@@ -127,8 +136,7 @@ def main(argv=None) -> int:
     rows, names = [], list(variants)
     try:
         for case_name in cases:  # the decode suite's weights and tokens (moe.bench.make_inputs)
-            case = next(c for c in moe_bench.cases_for([suites.shape(case_name)], "bf16") if c.params["kind"] == "layer")
-            inputs = moe_bench.make_inputs(case, bench.case_seed(case))
+            case, inputs = layer_case(case_name)
             layer, x, top_k = inputs.layer, inputs.x, case.params["top_k"]
             tensors = (x, layer.router_b, layer.w_gate_up, layer.w_down)
             key = (*(layer_mod._launch.view(t)[0] for t in tensors), top_k, "swiglu")
