@@ -8,6 +8,7 @@ from typing import Sequence
 
 from tabulate import tabulate
 
+from . import bench
 from .bench import Result
 
 
@@ -52,6 +53,8 @@ def rows(results: Sequence[Result]) -> list[dict]:
                 timing += " host-incl"  # an implementation of this case synchronises: all timed with host time
             called = _fmt(r.as_called_ms, ".4f")
             host = "" if r.host_us is None else f"{r.host_us:.1f}" + ("" if r.host_us_held else " syncs")
+            if not bench.host_consistent(r.host_us, r.as_called_ms, r.host_us_held):
+                host += " > called"  # over the wall time per call in every take: the host was disturbed
         else:
             timing, called, host = f"{r.status}: {r.reason[:80]}", "", ""
         out.append({

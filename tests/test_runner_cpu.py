@@ -174,6 +174,45 @@ def test_unsettled_rows_are_timed_in_rounds_spread_over_the_run(monkeypatch):
     assert by["h1", "torch"].host_us_held is False and flaky.as_called_ms == 2.0
 
 
+def test_a_host_time_over_the_wall_time_as_called_is_taken_again(monkeypatch):
+    """A held burst's host µs per call cannot exceed the wall µs per call as called (which includes it): where it
+    reads over bench.HOST_OVER_CALLED x that, the row's as-called time and host µs are taken again together, at most
+    bench.USER_TIMES_TAKES times; a row still over is marked in the table. An unheld (synchronising) row is not
+    retaken: its host time includes the device's."""
+    from cukernels import report, timing
+
+    _stub_gpu(monkeypatch, lambda fn, *, hold, budget_ms, min_samples, rel_noise_target: timing.summarize(
+        [0.01] * min_samples, converged=True, clocks={"held": hold}))
+    host_reads = {"ours": [145.0, 13.0], "bad": [150.0, 140.0, 130.0, 120.0], "torch": [90.0, 20.0]}
+    taken = []
+
+    def host_us(fn, per_call_ms):
+        taken.append(fn.impl)
+        return host_reads[fn.impl].pop(0), not fn.syncs
+
+    monkeypatch.setattr(bench._timing, "as_called", lambda fn: 0.0145)
+    monkeypatch.setattr(bench._timing, "host_us", host_us)
+
+    def impl(name, syncs=False):
+        def prepare(case, inputs):
+            def fn():
+                return "ok"
+            fn.case, fn.impl, fn.syncs = case.name, name, syncs
+            return fn
+        return bench.Impl(name=name, prepare=prepare, baseline=name == "torch")
+
+    results = bench.run(_op_checking_ok(), [bench.Case(name="c", params={})],
+                        [impl("ours"), impl("bad"), impl("torch", syncs=True)], budget_ms=30, rounds=1, progress=None)
+    by = {r.impl: r for r in results}
+    assert (by["ours"].host_us, by["ours"].user_times_takes) == (13.0, 2)  # the second pair holds
+    assert (by["bad"].host_us, by["bad"].user_times_takes) == (130.0, bench.USER_TIMES_TAKES)
+    assert (by["torch"].host_us, by["torch"].user_times_takes, by["torch"].host_us_held) == (90.0, 1, False)
+    assert taken.count("bad") == bench.USER_TIMES_TAKES
+    cells = {row["impl"]: row["host µs"] for row in report.rows(results)}
+    assert cells == {"ours": "13.0", "bad": "130.0 > called", "torch": "90.0 syncs"}
+    assert bench.host_consistent(17.3, 0.0145, True) and not bench.host_consistent(17.5, 0.0145, True)
+
+
 def test_a_case_gets_the_same_inputs_alone_or_among_others(monkeypatch):
     """bench.run seeds a case's inputs from its name (bench.case_seed), not from its place in the run, so a `--case`
     filter, a tool timing one case and a table made from the inputs after the run all see the suite's inputs."""
