@@ -516,6 +516,9 @@ moe_grouped_gemm_wgmma(const T* __restrict__ a, const T* __restrict__ b, TO* __r
 // L2 evict-last policy: every n-tile of a group reads them again, and without it the weights streaming through L2
 // evict them (the memory-bound up-projection at 2,048 tokens moved 7.5 GB instead of 6.0: 0.82x the layer with
 // the gather launch; with it 1.00x, docs/perf/grouped_gemm.md "v7.3").
+#ifndef GEMM_EPI_HALF_PASSES  // 0: the plain epilogue's passes of 128 columns (an A/B build; see the passes below)
+#define GEMM_EPI_HALF_PASSES 1
+#endif
 template <typename T, int STAGES, int EPI, int CM, int BN, int CK = 1, int CW = 2, bool GATHER = false,
           bool SCATTER = false>
 __device__ __forceinline__ void grouped_gemm_tma(const tma::TensorMap& a_map, const tma::TensorMap& b_map,
@@ -746,6 +749,11 @@ __device__ __forceinline__ void grouped_gemm_tma(const tma::TensorMap& a_map, co
             }
             wgmma::wait<0>();
             release((it - 1) % STAGES);
+// GEMM_PROBE_EPI (a probe, never defined in the engine's builds; wrong outputs): 1 no epilogue (the products' time
+// alone), 2 no TMA stores of the staged tile, 3 no staging writes (the TMA stores send what the buffer holds)
+#if defined(GEMM_PROBE_EPI) && GEMM_PROBE_EPI == 1
+            if (d[0] != 12345.f) continue;  // reads the sums so the products stay
+#endif
 
             // ---- epilogue: fragments -> swizzled staging (activation, row scale, conversion) -> 16-byte row stores
             const int row0 = group_lo(e) + m_tile * BM + 64 * g;
@@ -882,8 +890,12 @@ __device__ __forceinline__ void grouped_gemm_tma(const tma::TensorMap& a_map, co
             auto staged = [&](int r, int c) {
                 return ebuf + (c >> 6) * 8192 + r * 128 + ((((c & 63) >> 3) ^ (r & 7)) << 4) + (c & 7) * 2;
             };
-            // passes of at most 128 output columns: SwiGLU one (BN / 2 outputs), plain BN / 128 (or one)
-            constexpr int PASSES = EPI == EPI_SWIGLU || BN < 128 ? 1 : BN / 128;
+            // passes: SwiGLU one (BN / 2 outputs, both 64-column blocks of the staging buffer); SCATTER BN / 128;
+            // plain tiles of 128 or 256 columns (HALVES) 64 columns each, in the buffer's two blocks by turns, so a
+            // pass waits only for the TMA store two passes back and the last pass's store reads its block while
+            // this one stages (GEMM_EPI_HALF_PASSES=0: passes of 128 columns, each after every store has read)
+            constexpr bool HALVES = GEMM_EPI_HALF_PASSES && EPI != EPI_SWIGLU && !SCATTER && BN >= 128;
+            constexpr int PASSES = EPI == EPI_SWIGLU || BN < 128 ? 1 : HALVES ? BN / 64 : BN / 128;
             constexpr int FRAGS = BN / 8 / PASSES;             // 8-column fragments per pass
             constexpr int PASS_COLS = EPI == EPI_SWIGLU ? BN / 2 : BN / PASSES;  // output columns per pass
             constexpr int CHUNKS = PASS_COLS / 8;              // 16-byte chunks per staged row
@@ -902,7 +914,14 @@ __device__ __forceinline__ void grouped_gemm_tma(const tma::TensorMap& a_map, co
             }
 #pragma unroll
             for (int p = 0; p < PASSES; ++p) {
-                if (tg == 0) tma::store_wait_read();  // the last stores from this buffer have read it
+                const int blk = HALVES ? 64 * (p & 1) : 0;  // the pass's first column in the staging buffer
+                if (tg == 0) {  // the stores that read this pass's block are done reading it (a whole tile's
+                    // passes alternate the blocks and commit one store each: all but the last store; else all)
+                    if (HALVES && whole)
+                        tma::store_wait_read_but_last();
+                    else
+                        tma::store_wait_read();
+                }
                 ws::bar_sync(1 + g, 128);  // ... and the last pass's reads of the staging buffer are done
 #pragma unroll
                 for (int jj = 0; jj < FRAGS; ++jj) {
@@ -911,6 +930,9 @@ __device__ __forceinline__ void grouped_gemm_tma(const tma::TensorMap& a_map, co
                     for (int h = 0; h < 2; ++h) {
                         const int r = r_frag + 8 * h;
                         const float v0 = d[4 * j + 2 * h], v1 = d[4 * j + 2 * h + 1];
+#if defined(GEMM_PROBE_EPI) && GEMM_PROBE_EPI == 3
+                        if (v0 != 12345.f) continue;
+#endif
                         if constexpr (EPI == EPI_SWIGLU) {
                             const int c = 4 * j + q;  // output column in the tile's 128
                             const unsigned addr = staged(r, c);
@@ -918,21 +940,25 @@ __device__ __forceinline__ void grouped_gemm_tma(const tma::TensorMap& a_map, co
                             const unsigned short bits = *reinterpret_cast<const unsigned short*>(&v);
                             asm volatile("st.shared.b16 [%0], %1;\n" ::"r"(addr), "h"(bits));
                         } else {
-                            const int c = 8 * jj + 2 * q;  // column in this pass's 128
-                            const unsigned addr = staged(r, c);
+                            const int c = 8 * jj + 2 * q;  // column in this pass's columns
+                            const unsigned addr = staged(r, blk + c);
                             const unsigned v = mma::Convert<T>::pack(v0 * scale[h], v1 * scale[h]);
                             asm volatile("st.shared.b32 [%0], %1;\n" ::"r"(addr), "r"(v));
                         }
                     }
                 }
-                const int col0 = EPI == EPI_SWIGLU ? n_tile * (BN / 2) : n_tile * BN + p * 128;
+                const int col0 = EPI == EPI_SWIGLU ? n_tile * (BN / 2) : n_tile * BN + p * PASS_COLS;
                 if (whole) {  // the copy engine writes the two 64-column blocks; the consumers go on at once
                     tma::fence_proxy_async_shared();  // this thread's staging writes, before the engine reads them
                     ws::bar_sync(1 + g, 128);
+#if defined(GEMM_PROBE_EPI) && GEMM_PROBE_EPI == 2
+                    if (tg == 0 && d[0] == 12345.f) {
+#else
                     if (tg == 0) {
+#endif
 #pragma unroll
                         for (int b = 0; b < PASS_COLS / 64; ++b)
-                            tma::store_2d(out_map, ebuf + b * 8192, col0 + 64 * b, row0);
+                            tma::store_2d(out_map, ebuf + (blk / 64 + b) * 8192, col0 + 64 * b, row0);
                         tma::store_commit();
                     }
                     continue;
@@ -942,7 +968,7 @@ __device__ __forceinline__ void grouped_gemm_tma(const tma::TensorMap& a_map, co
                 for (int i = 0; i < ROW_ITERS; ++i) {
                     const int idx = tg + 128 * i, r = idx / CHUNKS, ch = idx % CHUNKS;
                     if (r < rows_here && col0 + ch * 8 < n_out) {
-                        const unsigned addr = staged(r, ch * 8);
+                        const unsigned addr = staged(r, blk + ch * 8);
                         uint4 v;
                         asm volatile("ld.shared.v4.b32 {%0, %1, %2, %3}, [%4];\n"
                                      : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w) : "r"(addr));
