@@ -56,3 +56,9 @@ def decode_ab_tool():
 def layer_ab_tool():
     """tools/layer_ab.py: parse_variant(), parse_case()."""
     return _tool("layer_ab")
+
+
+@pytest.fixture(scope="session")
+def gemm_ab_tool():
+    """tools/gemm_ab.py: parse_variant(), parse_case(), forced_config()."""
+    return _tool("gemm_ab")

@@ -289,6 +289,32 @@ def test_layer_ab_forces_expert_gemm_tiles(layer_ab_tool):
     assert gemm_configs.plan is real
 
 
+def test_gemm_ab_parses_cases_variants_and_forced_tiles(gemm_ab_tool):
+    """tools/gemm_ab.py: a case is a gemm suite case (or the part after its shape) or ROWSxNxK/E, with an epilogue;
+    a variant may force a tile of moe.gemm_configs by name; bad forms are refused naming the option."""
+    from moe import gemm_configs
+
+    tool = gemm_ab_tool
+    suite = tool.parse_case("E32_equal")
+    assert suite["suite"].name == "gemm_8192x11008x4096_E32_equal" and suite["epilogue"] is None
+    assert tool.parse_case("gemm_8192x11008x4096_E32_equal")["suite"] == suite["suite"]
+    shape = tool.parse_case("65536x22016x4096/32:swiglu")
+    assert (shape["rows"], shape["n"], shape["k"], shape["experts"], shape["epilogue"]) == (65536, 22016, 4096, 32,
+                                                                                              "swiglu")
+    for bad in ("E8", "100x64x64/3", "E8_equal:relu"):
+        with pytest.raises(SystemExit, match="--case"):
+            tool.parse_case(bad)
+    name, sets = tool.parse_variant("t:config=TMA_PAIR,-DGEMM_EPI_HALF_PASSES=0,moe.gemm_configs.PAIR_MIN_GROUP_ROWS=9")
+    assert name == "t" and sets == [("config", "TMA_PAIR", None), ("define", "-DGEMM_EPI_HALF_PASSES=0", None),
+                                    ("moe.gemm_configs", "PAIR_MIN_GROUP_ROWS", 9)]
+    assert tool.forced_config("TMA_PAIR") == gemm_configs.TMA_PAIR[0]
+    for bad in ("NOT_THERE", "PAIR_MIN_GROUP_ROWS"):
+        with pytest.raises(SystemExit, match="is not a GemmConfig"):
+            tool.forced_config(bad)
+    with pytest.raises(SystemExit, match="--variant"):
+        tool.parse_variant("t:config=TMA[0]")
+
+
 def test_decode_timeline_summary_of_stamps(decode_timeline_tool):
     """tools/decode_timeline.py's analysis on made-up stamps: 3 stamped CTAs on 2 SMs (a fourth row never ran),
     each phase's percentiles in us from the first start, the span to the last exit, the items per CTA."""

@@ -68,3 +68,41 @@ def rotated(names: list, r: int) -> list:
     same one."""
     k = r % len(names)
     return names[k:] + names[:k]
+
+
+def compare_outputs(outs: dict, ref: str) -> dict:
+    """``outs``: variant -> [first output, second output] (bf16 bits): each first output's rel L2 against the
+    reference variant's and whether it is bitwise equal to it, and whether each variant gave the same bits twice."""
+    import cupy
+
+    from cukernels import dtypes
+
+    f32 = dtypes.bf16_to_float32
+    base = f32(outs[ref][0])
+    return {"rel_l2_vs_" + ref: {n: float(cupy.linalg.norm(f32(o[0]) - base) / cupy.linalg.norm(base))
+                                 for n, o in outs.items()},
+            "bitwise_vs_" + ref: {n: bool((o[0] == outs[ref][0]).all()) for n, o in outs.items()},
+            "same_over_calls": {n: bool((o[0] == o[1]).all()) for n, o in outs.items()}}
+
+
+def time_rounds(fns: dict, rounds: int, *, rep_ms: int = 100, sustained_s: float = 0.0) -> dict:
+    """Every function of ``fns`` (name -> fn) timed in ``rounds`` rounds, the order ``rotated`` each round and
+    0.3 s between measurements: triton's do_bench (``rep_ms``; its L2 flush is a write) and the engine's held timer
+    (L2 flushed by a read), in us; with ``sustained_s`` > 0 the first two rounds also call it back to back for
+    that long (``cukernels.timing.sustained``: time and energy per call where the card settles at its power limit)."""
+    import time
+
+    import triton
+
+    from cukernels import timing
+
+    out = {"do_bench_us": {n: [] for n in fns}, "held_us": {n: [] for n in fns}, "sustained": {n: [] for n in fns}}
+    for r in range(rounds):
+        for name in rotated(list(fns), r):
+            time.sleep(0.3)
+            fn = fns[name]
+            out["do_bench_us"][name].append(round(triton.testing.do_bench(fn, warmup=25, rep=rep_ms) * 1e3, 2))
+            out["held_us"][name].append(round(timing.benchmark(fn, budget_ms=60).median_ms * 1e3, 2))
+            if r < 2 and sustained_s > 0:
+                out["sustained"][name].append(timing.sustained(fn, sustained_s))
+    return out

@@ -30,7 +30,6 @@ import contextlib
 import importlib
 import json
 import sys
-import time
 from pathlib import Path
 
 import numpy as np
@@ -105,7 +104,6 @@ def main(argv=None) -> int:
     cases = [parse_case(c) for c in args.case]
 
     import cupy
-    import triton
 
     from cukernels import timing
 
@@ -129,9 +127,6 @@ def main(argv=None) -> int:
         plan_cache.cache_clear()
         layer_mod._LAYER.clear()
 
-    def f32(a):
-        return (a.view(cupy.uint16).astype(cupy.uint32) << 16).view(cupy.float32)
-
     print(cupy.cuda.runtime.getDeviceProperties(0)["name"].decode(), flush=True)
     rows, names = [], list(variants)
     try:
@@ -149,19 +144,8 @@ def main(argv=None) -> int:
                 plans[name] = {"up": str(call.up.config), "down": str(call.down.config),
                                "one_launch": call.decode is not None}
                 calls[name] = lambda c=call, p=ptrs: c(*p)
-            ref = f32(outs[names[0]][0])
-            row = {"case": case.name, "plans": plans,
-                   "rel_l2_vs_" + names[0]: {n: float(cupy.linalg.norm(f32(o[0]) - ref) / cupy.linalg.norm(ref))
-                                             for n, o in outs.items()},
-                   "bitwise_vs_" + names[0]: {n: bool((o[0] == outs[names[0]][0]).all()) for n, o in outs.items()},
-                   "same_over_calls": {n: bool((o[0] == o[1]).all()) for n, o in outs.items()},
-                   "do_bench_us": {n: [] for n in names}, "held_us": {n: [] for n in names}}
-            for r in range(args.rounds):
-                for name in ab_variants.rotated(names, r):
-                    time.sleep(0.3)
-                    fn = calls[name]
-                    row["do_bench_us"][name].append(round(triton.testing.do_bench(fn, warmup=25, rep=150) * 1e3, 2))
-                    row["held_us"][name].append(round(timing.benchmark(fn, budget_ms=60).median_ms * 1e3, 2))
+            row = {"case": case.name, "plans": plans, **ab_variants.compare_outputs(outs, names[0]),
+                   **ab_variants.time_rounds(calls, args.rounds, rep_ms=150)}
             row["called_us"] = {}
             for name in names:  # the public call, the variant's plan made again in the cleared cache
                 configure(name)

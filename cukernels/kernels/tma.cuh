@@ -223,12 +223,6 @@ __device__ __forceinline__ void store_commit() { asm volatile("cp.async.bulk.com
 // Waits until the committed stores have read their shared memory (it may be reused after this).
 __device__ __forceinline__ void store_wait_read() { asm volatile("cp.async.bulk.wait_group.read 0;" ::: "memory"); }
 
-// Waits until every committed store but the most recent has read its shared memory (a buffer used two stores back
-// may be reused; the last store may still be reading another).
-__device__ __forceinline__ void store_wait_read_but_last() {
-    asm volatile("cp.async.bulk.wait_group.read 1;" ::: "memory");
-}
-
 // Waits until the committed stores have completed (their writes are done, not only their reads).
 __device__ __forceinline__ void store_wait_all() { asm volatile("cp.async.bulk.wait_group 0;" ::: "memory"); }
 

@@ -516,9 +516,6 @@ moe_grouped_gemm_wgmma(const T* __restrict__ a, const T* __restrict__ b, TO* __r
 // L2 evict-last policy: every n-tile of a group reads them again, and without it the weights streaming through L2
 // evict them (the memory-bound up-projection at 2,048 tokens moved 7.5 GB instead of 6.0: 0.82x the layer with
 // the gather launch; with it 1.00x, docs/perf/grouped_gemm.md "v7.3").
-#ifndef GEMM_EPI_HALF_PASSES  // 0: the plain epilogue's passes of 128 columns (an A/B build; see the passes below)
-#define GEMM_EPI_HALF_PASSES 1
-#endif
 template <typename T, int STAGES, int EPI, int CM, int BN, int CK = 1, int CW = 2, bool GATHER = false,
           bool SCATTER = false>
 __device__ __forceinline__ void grouped_gemm_tma(const tma::TensorMap& a_map, const tma::TensorMap& b_map,
@@ -890,12 +887,8 @@ __device__ __forceinline__ void grouped_gemm_tma(const tma::TensorMap& a_map, co
             auto staged = [&](int r, int c) {
                 return ebuf + (c >> 6) * 8192 + r * 128 + ((((c & 63) >> 3) ^ (r & 7)) << 4) + (c & 7) * 2;
             };
-            // passes: SwiGLU one (BN / 2 outputs, both 64-column blocks of the staging buffer); SCATTER BN / 128;
-            // plain tiles of 128 or 256 columns (HALVES) 64 columns each, in the buffer's two blocks by turns, so a
-            // pass waits only for the TMA store two passes back and the last pass's store reads its block while
-            // this one stages (GEMM_EPI_HALF_PASSES=0: passes of 128 columns, each after every store has read)
-            constexpr bool HALVES = GEMM_EPI_HALF_PASSES && EPI != EPI_SWIGLU && !SCATTER && BN >= 128;
-            constexpr int PASSES = EPI == EPI_SWIGLU || BN < 128 ? 1 : HALVES ? BN / 64 : BN / 128;
+            // passes of at most 128 output columns: SwiGLU one (BN / 2 outputs), plain BN / 128 (or one)
+            constexpr int PASSES = EPI == EPI_SWIGLU || BN < 128 ? 1 : BN / 128;
             constexpr int FRAGS = BN / 8 / PASSES;             // 8-column fragments per pass
             constexpr int PASS_COLS = EPI == EPI_SWIGLU ? BN / 2 : BN / PASSES;  // output columns per pass
             constexpr int CHUNKS = PASS_COLS / 8;              // 16-byte chunks per staged row
@@ -914,14 +907,7 @@ __device__ __forceinline__ void grouped_gemm_tma(const tma::TensorMap& a_map, co
             }
 #pragma unroll
             for (int p = 0; p < PASSES; ++p) {
-                const int blk = HALVES ? 64 * (p & 1) : 0;  // the pass's first column in the staging buffer
-                if (tg == 0) {  // the stores that read this pass's block are done reading it (a whole tile's
-                    // passes alternate the blocks and commit one store each: all but the last store; else all)
-                    if (HALVES && whole)
-                        tma::store_wait_read_but_last();
-                    else
-                        tma::store_wait_read();
-                }
+                if (tg == 0) tma::store_wait_read();  // the last stores from this buffer have read it
                 ws::bar_sync(1 + g, 128);  // ... and the last pass's reads of the staging buffer are done
 #pragma unroll
                 for (int jj = 0; jj < FRAGS; ++jj) {
@@ -940,14 +926,14 @@ __device__ __forceinline__ void grouped_gemm_tma(const tma::TensorMap& a_map, co
                             const unsigned short bits = *reinterpret_cast<const unsigned short*>(&v);
                             asm volatile("st.shared.b16 [%0], %1;\n" ::"r"(addr), "h"(bits));
                         } else {
-                            const int c = 8 * jj + 2 * q;  // column in this pass's columns
-                            const unsigned addr = staged(r, blk + c);
+                            const int c = 8 * jj + 2 * q;  // column in this pass's 128
+                            const unsigned addr = staged(r, c);
                             const unsigned v = mma::Convert<T>::pack(v0 * scale[h], v1 * scale[h]);
                             asm volatile("st.shared.b32 [%0], %1;\n" ::"r"(addr), "r"(v));
                         }
                     }
                 }
-                const int col0 = EPI == EPI_SWIGLU ? n_tile * (BN / 2) : n_tile * BN + p * PASS_COLS;
+                const int col0 = EPI == EPI_SWIGLU ? n_tile * (BN / 2) : n_tile * BN + p * 128;
                 if (whole) {  // the copy engine writes the two 64-column blocks; the consumers go on at once
                     tma::fence_proxy_async_shared();  // this thread's staging writes, before the engine reads them
                     ws::bar_sync(1 + g, 128);
@@ -958,7 +944,7 @@ __device__ __forceinline__ void grouped_gemm_tma(const tma::TensorMap& a_map, co
 #endif
 #pragma unroll
                         for (int b = 0; b < PASS_COLS / 64; ++b)
-                            tma::store_2d(out_map, ebuf + (blk / 64 + b) * 8192, col0 + 64 * b, row0);
+                            tma::store_2d(out_map, ebuf + b * 8192, col0 + 64 * b, row0);
                         tma::store_commit();
                     }
                     continue;
@@ -968,7 +954,7 @@ __device__ __forceinline__ void grouped_gemm_tma(const tma::TensorMap& a_map, co
                 for (int i = 0; i < ROW_ITERS; ++i) {
                     const int idx = tg + 128 * i, r = idx / CHUNKS, ch = idx % CHUNKS;
                     if (r < rows_here && col0 + ch * 8 < n_out) {
-                        const unsigned addr = staged(r, blk + ch * 8);
+                        const unsigned addr = staged(r, ch * 8);
                         uint4 v;
                         asm volatile("ld.shared.v4.b32 {%0, %1, %2, %3}, [%4];\n"
                                      : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w) : "r"(addr));
