@@ -112,7 +112,7 @@ def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--case", action="append", required=True, help="E32_equal, a suite case or ROWSxNxK/E[:swiglu]")
     ap.add_argument("--variant", action="append", required=True, help="NAME[:item,...] (repeatable)")
-    ap.add_argument("--baseline", action="store_true", help="add torch._grouped_mm (suite cases)")
+    ap.add_argument("--baseline", action="store_true", help="add torch._grouped_mm (suite cases, no epilogue)")
     ap.add_argument("--rounds", type=int, default=5)
     ap.add_argument("--sustained", type=float, default=0.0, metavar="S", help="also S s back to back (rounds 1-2)")
     ap.add_argument("--json", help="write the rows here")
