@@ -365,11 +365,35 @@ def _no_cache() -> tuple[str, ...]:
     return ("--no-cache",) if tuple(nvrtc.getVersion()) >= (12, 9) else ()
 
 
+# compile_offline's programs: at most OFFLINE_CHUNK expressions each (NVRTC takes markedly longer per instance in
+# one large program than in several small ones), OFFLINE_JOBS of them at once in threads (NVRTC compiles without
+# the GIL: two programs in two threads 1.38 s against 2.57 one after the other; each takes its own memory)
+OFFLINE_CHUNK = 8
+OFFLINE_JOBS = max(1, min(8, len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1))
+
+
 def compile_offline(
-    source: Path | str, name_expressions: Sequence[str], arch: str, *, options: Sequence[str] = ()
+    source: Path | str, name_expressions: Sequence[str], arch: str, *, options: Sequence[str] = (),
+    jobs: int | None = None,
 ) -> dict[str, Resources]:
-    """Compile for ``arch`` (e.g. ``sm_80``, ``sm_90a``) with no GPU; return ptxas resources per name expression."""
-    source = Path(source)
+    """Compile for ``arch`` (e.g. ``sm_80``, ``sm_90a``) with no GPU; return ptxas resources per name expression.
+    The expressions go in programs of at most ``OFFLINE_CHUNK``, ``jobs`` (default ``OFFLINE_JOBS``) compiled at
+    once in threads; ptxas reports each kernel alone, so the resources are those of one program with them all."""
+    exprs = list(name_expressions)
+    chunks = [exprs[i:i + OFFLINE_CHUNK] for i in range(0, len(exprs), OFFLINE_CHUNK)] or [exprs]
+    workers = min(OFFLINE_JOBS if jobs is None else max(1, jobs), len(chunks))
+    if len(chunks) == 1:
+        return _compile_offline(Path(source), exprs, arch, options)
+    import concurrent.futures
+
+    with concurrent.futures.ThreadPoolExecutor(workers) as pool:
+        parts = list(pool.map(lambda part: _compile_offline(Path(source), part, arch, options), chunks))
+    merged = {k: v for part in parts for k, v in part.items()}
+    return {e: merged[e] for e in exprs}
+
+
+def _compile_offline(source: Path, name_expressions: Sequence[str], arch: str, options: Sequence[str]
+                     ) -> dict[str, Resources]:
     opts = _options(source, arch, options) + ("--ptxas-options=-v",) + _no_cache()
     with _offline_program(source, name_expressions, opts) as (nvrtc, prog):
         log = nvrtc.getProgramLog(prog)

@@ -130,6 +130,21 @@ def test_offline_compile_reports_resources(arch):
         assert r.spills == 0 and r.stack_bytes == 0 and r.static_smem_bytes == 0
 
 
+def test_offline_compile_in_threads_reports_what_one_program_does(monkeypatch):
+    """compile_offline puts the expressions in programs of at most OFFLINE_CHUNK compiled `jobs` at a time in threads
+    (NVRTC releases the GIL): the same resources, in the callers' order, as one program with them all; a bad
+    program's error comes through."""
+    exprs = ["axpy<__nv_bfloat16, 4>", "axpy<__half, 8>", "axpy<float, 4>", "axpy<__half, 4>", "axpy<float, 1>"]
+    one = compile.compile_offline(AXPY, exprs, "sm_90a")
+    monkeypatch.setattr(compile, "OFFLINE_CHUNK", 2)  # three programs
+    for jobs in (1, 3):
+        split = compile.compile_offline(AXPY, exprs, "sm_90a", jobs=jobs)
+        assert list(split) == list(one) == exprs and split == one
+    assert compile.OFFLINE_JOBS >= 1
+    with pytest.raises(compile.CompileError):
+        compile.compile_offline(AXPY, exprs + ["axpy<no_such_type, 3>"], "sm_90a", jobs=2)
+
+
 def test_resident_grid_is_what_the_gpu_holds_at_once():
     """A persistent grid: at most the work, at most blocks_per_sm on every SM, at least one CTA."""
     k = object.__new__(compile.Kernel)  # no GPU: the occupancy query is stood in for
