@@ -376,20 +376,32 @@ def compile_offline(
     source: Path | str, name_expressions: Sequence[str], arch: str, *, options: Sequence[str] = (),
     jobs: int | None = None,
 ) -> dict[str, Resources]:
-    """Compile for ``arch`` (e.g. ``sm_80``, ``sm_90a``) with no GPU; return ptxas resources per name expression.
-    The expressions go in programs of at most ``OFFLINE_CHUNK``, ``jobs`` (default ``OFFLINE_JOBS``) compiled at
-    once in threads; ptxas reports each kernel alone, so the resources are those of one program with them all."""
-    exprs = list(name_expressions)
-    chunks = [exprs[i:i + OFFLINE_CHUNK] for i in range(0, len(exprs), OFFLINE_CHUNK)] or [exprs]
-    workers = min(OFFLINE_JOBS if jobs is None else max(1, jobs), len(chunks))
-    if len(chunks) == 1:
-        return _compile_offline(Path(source), exprs, arch, options)
-    import concurrent.futures
+    """Compile for ``arch`` (e.g. ``sm_80``, ``sm_90a``) with no GPU; return ptxas resources per name expression
+    (``compile_offline_all`` of this one job; ``jobs``: threads, default ``OFFLINE_JOBS``)."""
+    return compile_offline_all([(source, name_expressions, arch)], options=options, jobs=jobs)[0]
 
-    with concurrent.futures.ThreadPoolExecutor(workers) as pool:
-        parts = list(pool.map(lambda part: _compile_offline(Path(source), part, arch, options), chunks))
-    merged = {k: v for part in parts for k, v in part.items()}
-    return {e: merged[e] for e in exprs}
+
+def compile_offline_all(
+    work: Iterable[tuple[Path | str, Sequence[str], str]], *, options: Sequence[str] = (), jobs: int | None = None
+) -> list[dict[str, Resources]]:
+    """``compile_offline`` of several (source, name expressions, arch) at once, one dict per item in order: every
+    item's expressions in programs of at most ``OFFLINE_CHUNK``, ``jobs`` (default ``OFFLINE_JOBS``) programs at a
+    time in threads. ptxas reports each kernel alone, so the resources are those of one program with them all."""
+    items = [(Path(src), list(exprs), arch) for src, exprs, arch in work]
+    programs = [(i, src, exprs[k:k + OFFLINE_CHUNK], arch) for i, (src, exprs, arch) in enumerate(items)
+                for k in range(0, max(len(exprs), 1), OFFLINE_CHUNK)]
+    workers = min(OFFLINE_JOBS if jobs is None else max(1, jobs), len(programs))
+    if workers <= 1:
+        parts = [_compile_offline(src, exprs, arch, options) for _, src, exprs, arch in programs]
+    else:
+        import concurrent.futures
+
+        with concurrent.futures.ThreadPoolExecutor(workers) as pool:
+            parts = list(pool.map(lambda p: _compile_offline(p[1], p[2], p[3], options), programs))
+    merged: list[dict[str, Resources]] = [{} for _ in items]
+    for (i, *_), part in zip(programs, parts):
+        merged[i].update(part)
+    return [{e: merged[i][e] for e in exprs} for i, (_, exprs, _) in enumerate(items)]
 
 
 def _compile_offline(source: Path, name_expressions: Sequence[str], arch: str, options: Sequence[str]

@@ -3,7 +3,6 @@ variant the planner can choose compiles offline for every profile's arch without
 the argument before any launch, and the NumPy analytic backward reference matches finite differences."""
 from __future__ import annotations
 
-import concurrent.futures
 import os
 
 import numpy as np
@@ -102,10 +101,6 @@ def _variants():
     return by_arch
 
 
-def _compile_group(arch, source, exprs):
-    return compile.compile_offline(KERNEL_SOURCE.parent / source, exprs, arch)
-
-
 # ptxas' register allocation has been identical for fp16 and bf16 in every instance checked; CI compiles the bf16
 # instances of every planned variant (about 2 minutes on 2 cores), CUKERNELS_FULL_COMPILE=1 adds fp16 (twice that).
 _COMPILE_DTYPES = (dtypes.BF16, dtypes.FP16) if os.environ.get("CUKERNELS_FULL_COMPILE") else (dtypes.BF16,)
@@ -116,16 +111,13 @@ _COMPILE_DTYPES = (dtypes.BF16, dtypes.FP16) if os.environ.get("CUKERNELS_FULL_C
 def test_every_planned_variant_compiles_without_spills(arch):
     common = [f"flash_bwd_preprocess<{dtypes.ctype(dt)},{d},{packed}>" for dt in (dtypes.FP16, dtypes.BF16)
               for d in HEAD_DIMS for packed in ("false", "true")] + [f"flash_bwd_dq_convert<{dtypes.ctype(dt)}>" for dt in (dtypes.FP16, dtypes.BF16)]
-    jobs = [(arch, KERNEL_SOURCE.name, common)]
+    jobs = [(KERNEL_SOURCE, common, arch)]
     for cfg in sorted(_variants()[arch], key=str):
         for dt in _COMPILE_DTYPES:
             for mask in MASK_KINDS:
                 for source, exprs in cfg.name_expressions(dtype=dt, mask=mask).items():
-                    jobs.append((arch, source, exprs))
-    jobs.sort(key=lambda j: -len(j[2]))
-    workers = min(len(jobs), max(1, os.cpu_count() or 1))
-    with concurrent.futures.ProcessPoolExecutor(workers) as pool:
-        results = list(pool.map(_compile_group, *zip(*jobs)))
+                    jobs.append((KERNEL_SOURCE.parent / source, exprs, arch))
+    results = compile.compile_offline_all(jobs)  # programs of a few instances, compiled in threads
     problems = []
     for res in results:
         for expr, r in res.items():

@@ -2,10 +2,8 @@
 can choose (zero spills), input validation, the reference against a direct NumPy formula, the shape registry."""
 from __future__ import annotations
 
-import concurrent.futures
 import dataclasses
 import math
-import os
 
 import numpy as np
 import pytest
@@ -119,22 +117,16 @@ def _variants_by_arch() -> dict[tuple[str, str], list[str]]:
     return {key: sorted(e) for key, e in sorted(by_arch.items())}
 
 
-def _compile_chunk(arch, source, exprs):
-    return ccompile.compile_offline(api.KERNELS / source, exprs, arch)
-
-
 @pytest.mark.slow
 @pytest.mark.parametrize("arch", sorted({arch for arch, _ in _variants_by_arch()}))
 def test_every_plannable_variant_compiles_without_spills(arch):
-    """About 240 instances over 5 archs, one test per arch; NVRTC programs of 8 instances each, spread over the
-    CPU cores (one large program per arch compiles markedly slower than the same instances in small programs)."""
-    jobs = [(arch, source, exprs[i : i + 8]) for (arch_of, source), exprs in _variants_by_arch().items()
-            if arch_of == arch for i in range(0, len(exprs), 8)]
-    workers = min(len(jobs), os.cpu_count() or 2)
-    with concurrent.futures.ProcessPoolExecutor(max_workers=workers) as pool:
-        results = list(pool.map(_compile_chunk, *zip(*jobs)))
+    """About 240 instances over 5 archs, one test per arch (compile_offline_all: programs of a few instances,
+    compiled in threads on the CPU cores)."""
+    jobs = [(api.KERNELS / source, exprs, arch) for (arch_of, source), exprs in _variants_by_arch().items()
+            if arch_of == arch]
+    results = ccompile.compile_offline_all(jobs)
     bad = []
-    for (arch, _, _), res in zip(jobs, results):
+    for res in results:
         for expr, r in res.items():
             if r.spills or r.stack_bytes or r.static_smem_bytes or r.performance_warnings:
                 bad.append(f"{arch} {expr}: {r.registers} regs, spills {r.spills} B, stack {r.stack_bytes} B, "
